@@ -1,0 +1,42 @@
+# One Makefile: CI calls the same targets a person runs.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test lint bench format clean
+
+# torch first, pinned: pip takes the CPU build from this machine's disk; an
+# unpinned torch (pulled by sentence-transformers) would be a CUDA build of several GB.
+$(VENV)/.deps: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.deps
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: $(VENV)/.deps
+	$(BIN)/statekeep demo
+
+test: $(VENV)/.dev
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
+
+format: $(VENV)/.dev
+	$(BIN)/ruff check --fix src tests bench
+	$(BIN)/ruff format src tests bench
+
+bench: $(VENV)/.dev
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .statekeep .pytest_cache .mypy_cache

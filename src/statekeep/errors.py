@@ -1,0 +1,181 @@
+"""The statekeep exception tree.
+
+Every error statekeep raises on purpose derives from :class:`StatekeepError`, so
+``except StatekeepError`` catches them all. Errors carry the fields that explain
+them (``setting``, ``run_id``, ``owner``, ...) and build their own message::
+
+    StatekeepError
+    ├── ConfigError                 a setting is malformed, or its server unreachable
+    ├── MissingDependencyError      an optional package is not installed
+    ├── InvalidInputError           an argument failed validation; nothing was written
+    │   └── StateValidationError    a working state is not valid or not JSON-safe
+    ├── NotFoundError
+    │   ├── RunNotFoundError
+    │   └── StateNotFoundError
+    ├── ConflictError
+    │   ├── VersionConflictError    optimistic concurrency: the expected version is stale
+    │   └── RunConflictError        a run id reused for another workflow or input
+    ├── SchemaVersionError          stored data has a schema version the code cannot load
+    │   └── MigrationError          a migration chain has a gap or a migration failed
+    ├── StorageError                the database refused or lost an operation
+    ├── WorkflowError               (store 3: workflow; see the workflow section)
+    ├── ContextError                (store 1: context; see the context section)
+    └── MemoryStoreError            (store 4: memory; see the memory section)
+
+``Suspended`` is the one exception outside the tree: it derives from
+``BaseException`` so that user code's ``except Exception`` cannot swallow the
+control flow that parks a run (waiting for an approval, a timer or an event).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StatekeepError(Exception):
+    """Root of every error statekeep raises on purpose."""
+
+
+class ConfigError(StatekeepError):
+    """A setting is malformed, or the server it names cannot be reached."""
+
+    def __init__(self, setting: str, value: str, reason: str) -> None:
+        self.setting = setting
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{setting}={_redact(value)!s}: {reason}")
+
+
+class MissingDependencyError(StatekeepError):
+    """An optional dependency is needed for this feature but is not installed."""
+
+    def __init__(self, package: str, feature: str) -> None:
+        self.package = package
+        self.feature = feature
+        super().__init__(f"{feature} needs the package {package!r}: pip install {package}")
+
+
+class InvalidInputError(StatekeepError, ValueError):
+    """An argument to a public entry point is invalid. Nothing was written."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}" if field else message)
+
+
+class StateValidationError(InvalidInputError):
+    """A working state failed validation or would not survive a JSON round trip."""
+
+
+class NotFoundError(StatekeepError, LookupError):
+    """Something named by the caller does not exist."""
+
+
+class RunNotFoundError(NotFoundError):
+    """No run has this id."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"no run with id {run_id!r}")
+
+
+class StateNotFoundError(NotFoundError):
+    """A run has no working-state version (or not the one asked for)."""
+
+    def __init__(self, run_id: str, version: int | None = None) -> None:
+        self.run_id = run_id
+        self.version = version
+        what = "no working state" if version is None else f"no working-state version {version}"
+        super().__init__(f"run {run_id!r} has {what}")
+
+
+class ConflictError(StatekeepError):
+    """A write lost a race or contradicts what is stored. Nothing was written."""
+
+
+class VersionConflictError(ConflictError):
+    """Optimistic concurrency: the caller's expected version is not the latest."""
+
+    def __init__(self, run_id: str, expected: int, actual: int) -> None:
+        self.run_id = run_id
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"run {run_id!r}: expected working-state version {expected}, "
+            f"but the latest is {actual}; reload and retry"
+        )
+
+
+class RunConflictError(ConflictError):
+    """A run id is already used by another workflow, version or input."""
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        self.run_id = run_id
+        self.reason = reason
+        super().__init__(f"run {run_id!r}: {reason}")
+
+
+class SchemaVersionError(StatekeepError):
+    """Stored data has a schema version the running code cannot load as is."""
+
+    def __init__(self, schema: str, stored: int, current: int, reason: str) -> None:
+        self.schema = schema
+        self.stored = stored
+        self.current = current
+        super().__init__(f"schema {schema!r}: stored version {stored}, code version {current}: {reason}")
+
+
+class MigrationError(SchemaVersionError):
+    """A migration chain is incomplete, or a migration failed."""
+
+
+class StorageError(StatekeepError):
+    """The database refused or lost an operation."""
+
+
+# --- store 3: workflow ------------------------------------------------------------------
+
+
+class WorkflowError(StatekeepError):
+    """Base of the workflow store's errors."""
+
+
+# --- store 1: context -------------------------------------------------------------------
+
+
+class ContextError(StatekeepError):
+    """Base of the context store's errors."""
+
+
+# --- store 4: memory --------------------------------------------------------------------
+
+
+class MemoryStoreError(StatekeepError):
+    """Base of the long-term memory store's errors."""
+
+
+# --- control flow -----------------------------------------------------------------------
+
+
+class Suspended(BaseException):
+    """Raised inside a run to park it in a persisted waiting state.
+
+    Derives from ``BaseException`` so that ``except Exception`` in user code does
+    not swallow it. The runtime catches it, commits the waiting state and returns.
+    """
+
+    def __init__(self, run_id: str, status: str, detail: dict[str, Any] | None = None) -> None:
+        self.run_id = run_id
+        self.status = status
+        self.detail = detail or {}
+        super().__init__(f"run {run_id!r} suspended: {status}")
+
+
+def _redact(value: str) -> str:
+    """Hide a password in a URL so that errors never print secrets."""
+    if "://" not in value or "@" not in value:
+        return value
+    scheme, rest = value.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in creds else value

@@ -1,0 +1,119 @@
+"""The working-state store contract.
+
+A backend implements four primitives (``_append``, ``_get``, ``_list``,
+``_prune``); validation, encoding and migrations live here, once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from datetime import UTC, datetime
+
+import pydantic
+
+from statekeep.errors import InvalidInputError, StateNotFoundError
+from statekeep.working._types import StateVersion
+from statekeep.working.schema import M, StateMigrations, decode, encode
+
+MAX_ID = 255
+
+
+def check_run_id(run_id: object) -> str:
+    """Validate a run id: a non-empty string of at most 255 characters."""
+    if not isinstance(run_id, str) or not run_id or len(run_id) > MAX_ID:
+        raise InvalidInputError(f"must be a non-empty string of at most {MAX_ID} characters", field="run_id")
+    return run_id
+
+
+class WorkingStateStore(ABC):
+    """Typed, versioned working state of runs.
+
+    Every save is a new immutable version. Pass ``expected_version`` (0 for a
+    run with no state yet) for optimistic concurrency.
+
+    Example:
+        >>> from statekeep.working import InMemoryWorkingStateStore
+        >>> store = InMemoryWorkingStateStore()
+        >>> class Notes(pydantic.BaseModel):
+        ...     items: list[str] = []
+        >>> store.save("run-1", Notes(items=["a"]), expected_version=0).version
+        1
+        >>> store.load("run-1", Notes).items
+        ['a']
+    """
+
+    def __init__(self, migrations: StateMigrations | None = None) -> None:
+        self.migrations = migrations or StateMigrations()
+
+    def save(
+        self, run_id: str, state: pydantic.BaseModel, *, expected_version: int | None = None
+    ) -> StateVersion:
+        """Store ``state`` as the run's next version and return its record.
+
+        Raises:
+            StateValidationError: the state is invalid; nothing was written.
+            VersionConflictError: ``expected_version`` is not the latest; nothing was written.
+        """
+        record = self.prepare(run_id, state, expected_version=expected_version)
+        return self._append(record, expected_version)
+
+    @staticmethod
+    def prepare(
+        run_id: str, state: pydantic.BaseModel, *, expected_version: int | None = None
+    ) -> StateVersion:
+        """Validate and encode a save without writing it (version filled in on append)."""
+        check_run_id(run_id)
+        if expected_version is not None and (not isinstance(expected_version, int) or expected_version < 0):
+            raise InvalidInputError("must be an int >= 0, or None", field="expected_version")
+        name, schema_version, text = encode(state)
+        return StateVersion(run_id, 0, name, schema_version, text, datetime.now(UTC))
+
+    def load(self, run_id: str, model: type[M], *, version: int | None = None) -> M:
+        """Load the latest version (or ``version``) of a run's state into ``model``.
+
+        Raises:
+            StateNotFoundError: no such version.
+            SchemaVersionError: the stored schema cannot be loaded by this code.
+        """
+        return decode(self.get(run_id, version=version), model, self.migrations)
+
+    def get(self, run_id: str, *, version: int | None = None) -> StateVersion:
+        """The stored record of the latest version (or ``version``)."""
+        check_run_id(run_id)
+        record = self._get(run_id, version)
+        if record is None:
+            raise StateNotFoundError(run_id, version)
+        return record
+
+    def latest_version(self, run_id: str) -> int:
+        """The run's latest version number, 0 if it has none."""
+        check_run_id(run_id)
+        record = self._get(run_id, None)
+        return 0 if record is None else record.version
+
+    def versions(self, run_id: str) -> list[StateVersion]:
+        """Every stored version of a run, oldest first."""
+        return self._list(check_run_id(run_id))
+
+    def prune(self, run_id: str, *, keep: int) -> int:
+        """Retention: keep the last ``keep`` versions of a run; return how many were deleted."""
+        check_run_id(run_id)
+        if not isinstance(keep, int) or keep < 1:
+            raise InvalidInputError("must be an int >= 1", field="keep")
+        return self._prune(run_id, keep)
+
+    @abstractmethod
+    def _append(self, record: StateVersion, expected: int | None) -> StateVersion:
+        """Store ``record`` as latest + 1, if ``expected`` is None or the latest."""
+
+    @abstractmethod
+    def _get(self, run_id: str, version: int | None) -> StateVersion | None:
+        """One version, or the latest when ``version`` is None."""
+
+    @abstractmethod
+    def _list(self, run_id: str) -> list[StateVersion]:
+        """All versions of a run, oldest first."""
+
+    @abstractmethod
+    def _prune(self, run_id: str, keep: int) -> int:
+        """Delete all but the newest ``keep`` versions."""

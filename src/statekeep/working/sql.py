@@ -1,0 +1,116 @@
+"""The SQL backend of the working-state store (SQLite and PostgreSQL).
+
+The statement functions take a ``Connection`` so that another store (the
+workflow store) can append a state version inside its own transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from statekeep.db import Database, Migration, upgrade
+from statekeep.db.engine import storage_error
+from statekeep.db.migrations import create_tables
+from statekeep.db.types import UTCDateTime
+from statekeep.errors import VersionConflictError
+from statekeep.working._types import StateVersion
+from statekeep.working.base import WorkingStateStore
+from statekeep.working.schema import StateMigrations
+
+SCHEMA = "statekeep_working"
+metadata = sa.MetaData(schema=SCHEMA)
+
+versions = sa.Table(
+    "working_versions",
+    metadata,
+    sa.Column("run_id", sa.String(255), primary_key=True),
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("schema_name", sa.String(255), nullable=False),
+    sa.Column("schema_version", sa.Integer, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+)
+
+MIGRATIONS = [Migration(1, "working_versions", create_tables(metadata, "working_versions"))]
+
+
+def setup(db: Database) -> None:
+    """Create or upgrade the working-state tables (idempotent)."""
+    upgrade(db, "working", SCHEMA, MIGRATIONS)
+
+
+def latest_version(conn: Connection, run_id: str) -> int:
+    """The latest version number of a run, 0 when it has none."""
+    q = sa.select(sa.func.coalesce(sa.func.max(versions.c.version), 0)).where(versions.c.run_id == run_id)
+    return int(conn.execute(q).scalar_one())
+
+
+def append(conn: Connection, record: StateVersion, expected: int | None) -> StateVersion:
+    """Insert ``record`` as the run's next version, inside the caller's transaction.
+
+    Raises:
+        VersionConflictError: ``expected`` is stale, or a concurrent writer won the race.
+    """
+    latest = latest_version(conn, record.run_id)
+    if expected is not None and expected != latest:
+        raise VersionConflictError(record.run_id, expected, latest)
+    stored = dataclasses.replace(record, version=latest + 1)
+    try:
+        with conn.begin_nested():
+            conn.execute(versions.insert().values(_row(stored)))
+    except sa.exc.IntegrityError as exc:
+        raise VersionConflictError(record.run_id, latest, latest + 1) from exc
+    return stored
+
+
+def _row(record: StateVersion) -> dict[str, object]:
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+
+
+def _record(row: sa.Row[tuple[object, ...]]) -> StateVersion:
+    return StateVersion(**row._mapping)
+
+
+class SQLWorkingStateStore(WorkingStateStore):
+    """Working state in SQLite or PostgreSQL.
+
+    Example:
+        >>> store = SQLWorkingStateStore("sqlite:///:memory:")
+    """
+
+    def __init__(self, db: Database | str, migrations: StateMigrations | None = None) -> None:
+        super().__init__(migrations)
+        self.db = db if isinstance(db, Database) else Database(db)
+        setup(self.db)
+
+    def _append(self, record: StateVersion, expected: int | None) -> StateVersion:
+        try:
+            with self.db.begin() as conn:
+                return append(conn, record, expected)
+        except sa.exc.OperationalError as exc:
+            raise storage_error(exc, f"saving state of run {record.run_id!r}") from exc
+
+    def _get(self, run_id: str, version: int | None) -> StateVersion | None:
+        q = sa.select(versions).where(versions.c.run_id == run_id)
+        q = (
+            q.order_by(versions.c.version.desc()).limit(1)
+            if version is None
+            else q.where(versions.c.version == version)
+        )
+        with self.db.read() as conn:
+            row = conn.execute(q).first()
+        return None if row is None else _record(row)
+
+    def _list(self, run_id: str) -> list[StateVersion]:
+        q = sa.select(versions).where(versions.c.run_id == run_id).order_by(versions.c.version)
+        with self.db.read() as conn:
+            return [_record(r) for r in conn.execute(q)]
+
+    def _prune(self, run_id: str, keep: int) -> int:
+        with self.db.begin() as conn:
+            cutoff = latest_version(conn, run_id) - keep
+            q = versions.delete().where(versions.c.run_id == run_id, versions.c.version <= cutoff)
+            return int(conn.execute(q).rowcount)

@@ -1,0 +1,43 @@
+"""The public API: a small, sorted, complete front door, and one exception tree."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import statekeep
+from statekeep import errors
+
+
+def test_all_is_sorted_and_complete() -> None:
+    """__all__ is sorted, and every name in it exists."""
+    assert statekeep.__all__ == sorted(statekeep.__all__)
+    for name in statekeep.__all__:
+        assert hasattr(statekeep, name), name
+
+
+def test_every_error_derives_from_the_root() -> None:
+    """Every exception class in errors.py is a StatekeepError, except Suspended (control flow)."""
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
+    for cls in classes:
+        if cls is errors.Suspended:
+            assert not issubclass(cls, Exception)
+            assert issubclass(cls, BaseException)
+        else:
+            assert issubclass(cls, errors.StatekeepError), cls
+
+
+def test_import_is_light() -> None:
+    """import statekeep does not import torch, lancedb, sentence-transformers or tiktoken."""
+    code = (
+        "import sys, statekeep; "
+        "heavy = [m for m in ('torch', 'lancedb', 'sentence_transformers', 'tiktoken') if m in sys.modules]; "
+        "print(','.join(heavy))"
+    )
+    src = str(Path(statekeep.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": src}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == ""
