@@ -7,6 +7,8 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: demo test lint bench format clean
 
+LINT_PATHS := $(wildcard src tests bench notebooks)
+
 # torch first, pinned: pip takes the CPU build from this machine's disk; an
 # unpinned torch (pulled by sentence-transformers) would be a CUDA build of several GB.
 $(VENV)/.deps: pyproject.toml
@@ -27,13 +29,13 @@ test: $(VENV)/.dev
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.dev
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/mypy
 
 format: $(VENV)/.dev
-	$(BIN)/ruff check --fix src tests bench
-	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff check --fix $(LINT_PATHS)
+	$(BIN)/ruff format $(LINT_PATHS)
 
 bench: $(VENV)/.dev
 	$(BIN)/python -m bench
