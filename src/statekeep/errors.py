@@ -20,7 +20,8 @@ them (``setting``, ``run_id``, ``owner``, ...) and build their own message::
     ├── StorageError                the database refused or lost an operation
     ├── WorkflowError               (store 3: workflow; see the workflow section)
     ├── ContextError                (store 1: context; see the context section)
-    └── MemoryStoreError            (store 4: memory; see the memory section)
+    ├── MemoryStoreError            (store 4: memory; see the memory section)
+    └── ModelError                  a model call failed
 
 ``Suspended`` is the one exception outside the tree: it derives from
 ``BaseException`` so that user code's ``except Exception`` cannot swallow the
@@ -152,6 +153,13 @@ class ContextError(StatekeepError):
 
 class MemoryStoreError(StatekeepError):
     """Base of the long-term memory store's errors."""
+
+
+# --- runtime and models -----------------------------------------------------------------
+
+
+class ModelError(StatekeepError):
+    """A model call failed (HTTP error, timeout, malformed answer)."""
 
 
 # --- control flow -----------------------------------------------------------------------
