@@ -106,7 +106,6 @@ class Settings:
             setting = (
                 "STATEKEEP_DATABASE_URL" if url == self.database_url else f"STATEKEEP_{store.upper()}_URL"
             )
-            _ensure_sqlite_folder(url, setting)
             db = Database(url, setting=setting)
             try:
                 db.check()
@@ -142,12 +141,6 @@ def parse_memory_url(url: str) -> MemoryURL:
     if "://" in url:
         raise ConfigError(setting, url, "use a folder path, lancedb://folder, or postgresql://...")
     return MemoryURL("lancedb", url)
-
-
-def _ensure_sqlite_folder(url: str, setting: str) -> None:
-    parsed = normalize_url(url, setting=setting)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        _ensure_folder(Path(parsed.database).parent, setting)
 
 
 def _ensure_folder(path: Path, setting: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -53,6 +54,7 @@ class Database:
         self.url = normalize_url(url, setting=setting)
         self.setting = setting
         self.dialect: Dialect = DIALECTS[self.url.get_backend_name()]()
+        _ensure_sqlite_folder(self.url, setting)
         kw: dict[str, Any] = {"pool_pre_ping": True}
         if self.dialect.name == "postgresql":
             kw.update(pool_size=5, max_overflow=10)
@@ -112,6 +114,17 @@ class Database:
 
     def __repr__(self) -> str:
         return f"Database({self.url.render_as_string(hide_password=True)!r})"
+
+
+def _ensure_sqlite_folder(url: URL, setting: str) -> None:
+    """Create the folder of a SQLite file, so that a fresh home just works."""
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return
+    folder = Path(url.database).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(setting, str(url), f"cannot create folder {folder}: {exc.strerror}") from exc
 
 
 def storage_error(exc: sa.exc.SQLAlchemyError, what: str) -> StorageError:

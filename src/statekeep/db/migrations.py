@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from statekeep.db.engine import Database
+from statekeep.db.engine import Database, storage_error
 from statekeep.db.types import UTCDateTime
 from statekeep.errors import SchemaVersionError
 
@@ -71,7 +71,16 @@ def upgrade(db: Database, store: str, schema: str, migrations: Sequence[Migratio
     """
     _check_numbering(store, migrations)
     db.register_schema(schema)
-    table = _version_table(store, schema)
+    try:
+        _apply_pending(db, store, _version_table(store, schema), schema, migrations)
+    except sa.exc.OperationalError as exc:
+        raise storage_error(exc, f"upgrading the {store} store in {db!r}") from exc
+    return len(migrations)
+
+
+def _apply_pending(
+    db: Database, store: str, table: sa.Table, schema: str, migrations: Sequence[Migration]
+) -> None:
     with db.begin() as conn:
         db.dialect.lock(conn, f"statekeep-migrate-{store}")
         db.dialect.create_schema(conn, schema)
@@ -92,7 +101,6 @@ def upgrade(db: Database, store: str, schema: str, migrations: Sequence[Migratio
                     applied_at=datetime.now(UTC),
                 )
             )
-    return len(migrations)
 
 
 def _check_numbering(store: str, migrations: Sequence[Migration]) -> None:
