@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench format clean
+.PHONY: demo test lint bench docs format clean
 
 LINT_PATHS := $(wildcard src tests bench notebooks)
 
@@ -32,6 +32,10 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/mypy
+
+# The API reference is generated from docstrings; warnings are errors.
+docs: $(VENV)/.dev
+	$(BIN)/mkdocs build --strict --site-dir site
 
 format: $(VENV)/.dev
 	$(BIN)/ruff check --fix $(LINT_PATHS)
