@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from statekeep.context import compaction
 from statekeep.context._log import Head, LogView, iter_tail, summary_event
-from statekeep.context._types import SUMMARY, ContextReport, Event, MemoryItem, Message
+from statekeep.context._types import (
+    SUMMARY,
+    TOOL_CALL,
+    TOOL_RESULT,
+    ContextReport,
+    Event,
+    MemoryItem,
+    Message,
+)
 from statekeep.context.render import render_memories, render_pinned, render_summary, to_anthropic, to_openai
 from statekeep.context.tokens import REPLY_OVERHEAD, TokenCounter, message_tokens, text_tokens
 from statekeep.context.validate import check_budget, check_pinned, check_session_id, to_memory
@@ -161,17 +169,33 @@ def _tokens_of(counter: TokenCounter) -> TokensOf:
 def _read_tail(
     view: LogView, session_id: str, floor: int, room: int, tokens_of: TokensOf
 ) -> tuple[list[Event], bool]:
-    """Newest events after ``floor`` until their tokens pass ``room``; True if all were read."""
+    """Newest events after ``floor`` until the units they open pass ``room``; True if all were read.
+
+    A tool result counts only once its call is read: until then it may belong
+    to a unit that opens before messages read after it.
+    """
     events: list[Event] = []
+    waiting: dict[str, int] = {}
     total = 0
     for event in iter_tail(view, session_id, floor, max(16, min(2048, room // 32))):
         events.append(event)
-        total += tokens_of(event)
+        total += _opened(event, tokens_of, waiting)
         if total > room:
             events.reverse()
             return events, False
     events.reverse()
     return events, True
+
+
+def _opened(event: Event, tokens_of: TokensOf, waiting: dict[str, int]) -> int:
+    """Tokens that reading ``event`` (newest first) adds to the units it opens."""
+    if event.kind == TOOL_RESULT:
+        call_id = str(event.payload.get("tool_call_id"))
+        waiting[call_id] = waiting.get(call_id, 0) + tokens_of(event)
+        return 0
+    if event.kind == TOOL_CALL:
+        return tokens_of(event) + sum(waiting.pop(c.id, 0) for c in event.message.tool_calls)
+    return tokens_of(event)
 
 
 def _needs_compaction(
