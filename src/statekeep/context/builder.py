@@ -86,8 +86,36 @@ def build(
     """See :meth:`ContextStore.build`."""
     check_session_id(session_id)
     check_budget(budget)
-    sections = _fixed_sections(session_id, budget, system, check_pinned(pinned), counter)
-    _fit_memories(sections, _memories(memories), budget, counter)
+    pinned = check_pinned(pinned)
+    items = _memories(memories)
+    rounds = MAX_ROUNDS if compact else 0
+    compacted = False
+    while True:
+        built, tail, needs, room = _build_once(store, session_id, budget, system, pinned, items, counter)
+        if not (rounds and needs):
+            return _mark(built, compacted, None)
+        done, error = _compact(store, session_id, tail, room, counter)
+        if not done:
+            return _mark(built, compacted, error)
+        compacted, rounds = True, rounds - 1
+
+
+#: Compactions one build may run: a grown summary can squeeze the window and call for one more.
+MAX_ROUNDS = 3
+
+
+def _build_once(
+    store: ContextStore,
+    session_id: str,
+    budget: int,
+    system: str | None,
+    pinned: str | Mapping[str, Any] | None,
+    items: list[MemoryItem],
+    counter: TokenCounter,
+) -> tuple[BuiltContext, list[Event], bool, int]:
+    """One build from the stores: (result, tail read, whether to compact, window room)."""
+    sections = _fixed_sections(session_id, budget, system, pinned, counter)
+    _fit_memories(sections, items, budget, counter)
     tokens_of = _tokens_of(counter)
     with store._view() as view:
         head = view.head(session_id) or Head(0, 0, 0)
@@ -95,11 +123,8 @@ def build(
         room = budget - sections.used
         tail, complete = _read_tail(view, session_id, floor, room, tokens_of)
     window = select_window(tail, room, tokens_of, lambda m: message_tokens(counter, m))
-    if compact and _needs_compaction(tail, complete, room, store.high_water, tokens_of):
-        done, error = _compact(store, session_id, tail, room, counter)
-        again = build(store, session_id, budget, system, pinned, memories, False, counter)
-        return _mark(again, done, error)
-    return _assemble(sections, window, head, budget, counter)
+    needs = _needs_compaction(tail, complete, room, store.high_water, tokens_of)
+    return _assemble(sections, window, head, budget, counter), tail, needs, room
 
 
 def _fixed_sections(
@@ -220,6 +245,8 @@ def _compact(
         with store._view() as view:
             head = view.head(session_id) or Head(0, 0, 0)
             plan = compaction.fold_plan(view, session_id, head, upto)
+        if not plan.events:
+            return False, None
         compaction.fold(store, session_id, plan, store.summarizer, store.counter)
     except ContextError as exc:
         return False, str(exc)
