@@ -113,16 +113,13 @@ class Message:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Message:
         """Rebuild a message from :meth:`to_json` output (validated, see :func:`check_message`)."""
-        calls = tuple(
-            ToolCall(c["id"], c["name"], dict(c.get("arguments") or {})) for c in data.get("tool_calls") or ()
+        raw = data.get("tool_calls")
+        calls = (
+            tuple(ToolCall(c["id"], c["name"], dict(c.get("arguments") or {})) for c in raw) if raw else ()
         )
+        get = data.get
         return cls(
-            role=data["role"],
-            content=data.get("content") or "",
-            tool_calls=calls,
-            tool_call_id=data.get("tool_call_id"),
-            name=data.get("name"),
-            is_error=bool(data.get("is_error", False)),
+            data["role"], get("content") or "", calls, get("tool_call_id"), get("name"), bool(get("is_error"))
         )
 
     def without_tool_calls(self) -> Message:

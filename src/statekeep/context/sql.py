@@ -119,17 +119,20 @@ def _row(e: Event) -> dict[str, Any]:
     }
 
 
-def _event(row: sa.Row[Any]) -> Event:
-    m = row._mapping
-    return Event(
-        m["session_id"],
-        m["seq"],
-        m["kind"],
-        json.loads(m["payload"]),
-        m["tokens"],
-        m["counter"],
-        m["created_at"],
-    )
+#: The columns a read needs; the session id is known, so it is not read back.
+_COLUMNS = (
+    events.c.seq,
+    events.c.kind,
+    events.c.payload,
+    events.c.tokens,
+    events.c.counter,
+    events.c.created_at,
+)
+
+
+def _events(session_id: str, rows: Sequence[Any]) -> list[Event]:
+    loads = json.loads
+    return [Event(session_id, r[0], r[1], loads(r[2]), r[3], r[4], r[5]) for r in rows]
 
 
 class _SQLView:
@@ -144,20 +147,20 @@ class _SQLView:
         return None if row is None else Head(int(row[0]), int(row[1]), int(row[2]))
 
     def event(self, session_id: str, seq: int) -> Event | None:
-        q = sa.select(events).where(events.c.session_id == session_id, events.c.seq == seq)
-        row = self._conn.execute(q).first()
-        return None if row is None else _event(row)
+        q = sa.select(*_COLUMNS).where(events.c.session_id == session_id, events.c.seq == seq)
+        found = _events(session_id, self._conn.execute(q).all())
+        return found[0] if found else None
 
     def tail(self, session_id: str, *, after: int, before: int | None, limit: int) -> list[Event]:
-        q = sa.select(events).where(events.c.session_id == session_id, events.c.seq > after)
+        q = sa.select(*_COLUMNS).where(events.c.session_id == session_id, events.c.seq > after)
         if before is not None:
             q = q.where(events.c.seq < before)
         q = q.order_by(events.c.seq.desc()).limit(limit)
-        return [_event(r) for r in self._conn.execute(q)]
+        return _events(session_id, self._conn.execute(q).all())
 
     def range(self, session_id: str, first: int, last: int) -> list[Event]:
-        q = sa.select(events).where(events.c.session_id == session_id, events.c.seq.between(first, last))
-        return [_event(r) for r in self._conn.execute(q.order_by(events.c.seq))]
+        q = sa.select(*_COLUMNS).where(events.c.session_id == session_id, events.c.seq.between(first, last))
+        return _events(session_id, self._conn.execute(q.order_by(events.c.seq)).all())
 
 
 class SQLContextStore(ContextStore):
