@@ -144,7 +144,7 @@ def test_counts_from_another_counter_are_recounted_not_mixed(make_store: StoreFa
     assert other.build("s", 1000).report.window == 13 + 13
 
 
-def test_build_reads_only_the_tail_it_needs(make_store: StoreFactory) -> None:
+def test_invariant_6_build_reads_only_the_tail_it_needs(make_store: StoreFactory) -> None:
     """Rows read by build depend on the budget, not on the history's length (invariant 6)."""
     reads: list[int] = []
 
@@ -228,3 +228,16 @@ def test_an_oversized_newest_message_is_reported(make_store: StoreFactory) -> No
     built = store.build("s", 200, compact=False)
     assert built.messages == ()
     assert built.report.oversized_seq == big.seq
+
+
+def test_invariant_6_context_is_rebuilt_from_the_stores(make_store: StoreFactory) -> None:
+    """A store opened afresh (as after a restart) builds exactly what the first one built."""
+    first = make_store()
+    _chat(first, "s", 30)
+    first.append("s", Message.assistant("ok", tool_calls=[ToolCall("t", "lookup", {"k": 1})]))
+    first.append("s", Message.tool_result("t", "found"))
+    first.build("s", 300, system="sys", pinned="step 3")  # may compact once
+    before = first.build("s", 300, system="sys", pinned="step 3")
+    after = make_store().build("s", 300, system="sys", pinned="step 3")
+    assert after.messages == before.messages
+    assert after.report == before.report

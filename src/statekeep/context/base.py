@@ -125,8 +125,11 @@ class ContextStore(ABC):
         block with provenance), the latest summary, then the newest events that
         fit. Reads only the tail it needs. A tool call and all its results are
         kept or dropped together. When the unsummarized tail passes the
-        high-water mark and ``compact`` is true, the oldest events are first
-        folded into the summary (a failing summarizer leaves the raw window).
+        high-water mark (or does not fit) and ``compact`` is true, the oldest
+        events are first folded into the summary until the tail is under the
+        low-water mark (at most three folds per build); a failing or empty
+        summary is not saved, and the raw window is returned instead, with the
+        reason in ``report.compaction_error``.
 
         Events counted by another counter are re-counted with ``counter``
         (default: the store's) for this build; stored counts are never mixed.
