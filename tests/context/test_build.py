@@ -118,6 +118,7 @@ def test_system_and_pinned_state_larger_than_the_budget_is_an_error(store: Conte
         ({"system": 5}, "system"),
         ({"pinned": 3.5}, "pinned"),
         ({"pinned": {"x": object()}}, "pinned"),
+        ({"pinned": {1: "a", "b": 2}}, "pinned"),
         ({"memories": "not a list"}, "memories"),
         ({"memories": [{"content": ""}]}, "memories.content"),
         ({"memories": [{"content": "x", "source": "rumour"}]}, "memories.source"),

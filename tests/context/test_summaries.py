@@ -105,6 +105,8 @@ def test_summary_event_records_range_summarizer_and_input_hash(make_store: Store
     rolled = store.compact("s")
     assert (rolled.covers_from, rolled.covers_to) == (1, 5)
     assert rolled.input_hash == input_hash(summary.text, store.events("s", after=3, upto=4))
+    assert store.compact("s") == rolled  # nothing new to fold: the current summary, no new event
+    assert store.last_seq("s") == 6
 
 
 @pytest.mark.parametrize("summarizer", [Failing(), Failing(""), Failing("   \n")])

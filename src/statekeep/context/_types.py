@@ -112,7 +112,7 @@ class Message:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Message:
-        """Rebuild a message from :meth:`to_json` output (validated, see :func:`check_message`)."""
+        """Rebuild a message from :meth:`to_json` output (unchecked; ``append`` validates its input)."""
         raw = data.get("tool_calls")
         calls = (
             tuple(ToolCall(c["id"], c["name"], dict(c.get("arguments") or {})) for c in raw) if raw else ()

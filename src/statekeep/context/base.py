@@ -149,8 +149,12 @@ class ContextStore(ABC):
     ) -> Summary:
         """Fold every unsummarized event up to ``upto`` (default: all) into the rolling summary.
 
+        Returns the new summary, or the current one when there is nothing new to fold.
+
         Raises:
-            SummaryError: the summarizer failed or returned nothing; nothing was saved.
+            SummaryError: the summarizer failed or returned nothing (or the
+                session has no events); nothing was saved.
+            SummaryConflictError: a concurrent compaction saved a summary first.
         """
         check_session_id(session_id)
         summarizer = summarizer or self.summarizer
@@ -158,6 +162,9 @@ class ContextStore(ABC):
             head = view.head(session_id) or Head(0, 0, 0)
             upto = head.last_seq if upto is None else min(check_seq(upto, "upto"), head.last_seq)
             plan = compaction.fold_plan(view, session_id, head, upto)
+            current = summary_event(view, session_id)
+        if not plan.events and current is not None:
+            return current.summary  # nothing new to fold
         return compaction.fold(self, session_id, plan, summarizer, self.counter)
 
     def regenerate_summary(self, session_id: str, summarizer: Summarizer) -> Summary:

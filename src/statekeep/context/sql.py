@@ -203,7 +203,7 @@ class SQLContextStore(ContextStore):
                 return append_events(conn, self.db.dialect, session_id, drafts, expect_summary)
         except _GuardFailed:
             return []
-        except sa.exc.OperationalError as exc:
+        except sa.exc.DBAPIError as exc:
             raise storage_error(exc, f"appending to session {session_id!r}") from exc
 
     def _delete_covered(self, session_id: str, upto: int) -> int:

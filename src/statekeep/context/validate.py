@@ -136,7 +136,7 @@ def check_pinned(pinned: object) -> str | Mapping[str, Any] | None:
     if not isinstance(pinned, Mapping):
         raise InvalidInputError(f"must be text or a mapping, got {type(pinned).__name__}", field="pinned")
     try:
-        json.dumps(pinned, allow_nan=False, default=_no_default)
+        json.dumps(pinned, allow_nan=False, sort_keys=True, default=_no_default)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"not JSON-safe: {exc}", field="pinned") from exc
     return pinned
