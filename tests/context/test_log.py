@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
+import statekeep
 from statekeep.context import (
     CharCounter,
     ContextStore,
     Message,
+    SQLContextStore,
     TiktokenCounter,
     ToolCall,
     message_tokens,
 )
+from statekeep.db import Database
 from statekeep.errors import InvalidInputError, StatekeepError
+from statekeep.working import SQLWorkingStateStore
 
 from .conftest import StoreFactory
 
@@ -116,3 +125,25 @@ def test_empty_batch_is_refused(store: ContextStore) -> None:
     """Appending nothing is an input error, not a silent no-op."""
     with pytest.raises(InvalidInputError):
         store.extend("s", [])
+
+
+def test_store_shares_a_database_with_other_stores(database_url: str) -> None:
+    """Built from a shared Database, the context tables live beside the working-state tables."""
+    db = Database(database_url)
+    context = SQLContextStore(db)
+    working = SQLWorkingStateStore(db)
+    assert context.db is working.db
+    assert context.append("s", Message.user("x")).seq == 1
+    expected = {"context_events", "context_sessions", "context_migrations"}
+    schema = "statekeep_context" if db.dialect.has_schemas else None
+    with db.read() as conn:
+        assert expected <= set(sa.inspect(conn).get_table_names(schema=schema))
+    db.dispose()
+
+
+def test_importing_the_context_store_does_not_load_tiktoken() -> None:
+    """tiktoken is imported lazily, on the first count."""
+    code = "import sys, statekeep.context; print('tiktoken' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": str(Path(statekeep.__file__).parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "False"
