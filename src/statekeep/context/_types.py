@@ -188,6 +188,10 @@ class Event:
             raise InvalidInputError(f"event {self.seq} is a {self.kind}, not a summary", field="kind")
         return Summary.from_json(self.payload)
 
+    def call_ids(self) -> list[str]:
+        """The ids of the tool calls a ``tool_call`` event carries (without building the message)."""
+        return [c["id"] for c in self.payload.get("tool_calls") or ()]
+
     def payload_json(self) -> str:
         """The payload as canonical JSON text (sorted keys), as stored and hashed."""
         return json.dumps(self.payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -219,7 +219,7 @@ def _opened(event: Event, tokens_of: TokensOf, waiting: dict[str, int]) -> int:
         waiting[call_id] = waiting.get(call_id, 0) + tokens_of(event)
         return 0
     if event.kind == TOOL_CALL:
-        return tokens_of(event) + sum(waiting.pop(c.id, 0) for c in event.message.tool_calls)
+        return tokens_of(event) + sum(waiting.pop(i, 0) for i in event.call_ids())
     return tokens_of(event)
 
 

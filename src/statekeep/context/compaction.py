@@ -133,7 +133,7 @@ def _boundaries(tail: Sequence[Event]) -> list[int]:
     depth = [0] * (len(tail) + 1)
     for i, event in enumerate(tail):
         if event.kind == TOOL_CALL:
-            call_at.update((c.id, i) for c in event.message.tool_calls)
+            call_at.update((c, i) for c in event.call_ids())
         elif event.kind == TOOL_RESULT:
             j = call_at.pop(str(event.payload.get("tool_call_id")), None)
             if j is not None:

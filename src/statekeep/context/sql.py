@@ -130,9 +130,33 @@ _COLUMNS = (
 )
 
 
+_decode = json.JSONDecoder().decode
+
+
 def _events(session_id: str, rows: Sequence[Any]) -> list[Event]:
-    loads = json.loads
+    loads = _decode
     return [Event(session_id, r[0], r[1], loads(r[2]), r[3], r[4], r[5]) for r in rows]
+
+
+def _statements() -> dict[str, sa.Select[Any]]:
+    """The view's queries, built once with bound parameters (the hot path skips statement building)."""
+    sid, seq = events.c.session_id == sa.bindparam("sid"), events.c.seq
+    tail = sa.select(*_COLUMNS).where(sid, seq > sa.bindparam("after"))
+    newest = seq.desc()
+    return {
+        "head": sa.select(sessions.c.last_seq, sessions.c.summary_seq, sessions.c.pruned_to).where(
+            sessions.c.session_id == sa.bindparam("sid")
+        ),
+        "event": sa.select(*_COLUMNS).where(sid, seq == sa.bindparam("seq")),
+        "tail": tail.order_by(newest).limit(sa.bindparam("limit")),
+        "tail_before": tail.where(seq < sa.bindparam("before")).order_by(newest).limit(sa.bindparam("limit")),
+        "range": sa.select(*_COLUMNS)
+        .where(sid, seq.between(sa.bindparam("first"), sa.bindparam("last")))
+        .order_by(seq),
+    }
+
+
+_Q = _statements()
 
 
 class _SQLView:
@@ -142,25 +166,23 @@ class _SQLView:
         self._conn = conn
 
     def head(self, session_id: str) -> Head | None:
-        q = sa.select(sessions.c.last_seq, sessions.c.summary_seq, sessions.c.pruned_to)
-        row = self._conn.execute(q.where(sessions.c.session_id == session_id)).first()
+        row = self._conn.execute(_Q["head"], {"sid": session_id}).first()
         return None if row is None else Head(int(row[0]), int(row[1]), int(row[2]))
 
     def event(self, session_id: str, seq: int) -> Event | None:
-        q = sa.select(*_COLUMNS).where(events.c.session_id == session_id, events.c.seq == seq)
-        found = _events(session_id, self._conn.execute(q).all())
+        found = _events(session_id, self._conn.execute(_Q["event"], {"sid": session_id, "seq": seq}).all())
         return found[0] if found else None
 
     def tail(self, session_id: str, *, after: int, before: int | None, limit: int) -> list[Event]:
-        q = sa.select(*_COLUMNS).where(events.c.session_id == session_id, events.c.seq > after)
-        if before is not None:
-            q = q.where(events.c.seq < before)
-        q = q.order_by(events.c.seq.desc()).limit(limit)
-        return _events(session_id, self._conn.execute(q).all())
+        params = {"sid": session_id, "after": after, "limit": limit}
+        if before is None:
+            return _events(session_id, self._conn.execute(_Q["tail"], params).all())
+        rows = self._conn.execute(_Q["tail_before"], {**params, "before": before}).all()
+        return _events(session_id, rows)
 
     def range(self, session_id: str, first: int, last: int) -> list[Event]:
-        q = sa.select(*_COLUMNS).where(events.c.session_id == session_id, events.c.seq.between(first, last))
-        return _events(session_id, self._conn.execute(q.order_by(events.c.seq)).all())
+        rows = self._conn.execute(_Q["range"], {"sid": session_id, "first": first, "last": last}).all()
+        return _events(session_id, rows)
 
 
 class SQLContextStore(ContextStore):

@@ -67,7 +67,7 @@ def group_units(events: Sequence[Event], tokens_of: TokensOf, recount: Recount) 
             continue
         if event.kind == TOOL_CALL:
             turn = _Turn(event, {})
-            open_calls.update((c.id, turn) for c in event.message.tool_calls)
+            open_calls.update((i, turn) for i in event.call_ids())
             slots.append(turn)
             continue
         slots.append(event)
