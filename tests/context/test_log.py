@@ -147,3 +147,32 @@ def test_importing_the_context_store_does_not_load_tiktoken() -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(statekeep.__file__).parents[1])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "False"
+
+
+def test_bad_counters_summarizers_and_marks_are_refused(make_store: StoreFactory) -> None:
+    """Constructor and entry points check their collaborators and say which argument is wrong."""
+    cases: list[tuple[dict[str, object], str]] = [
+        ({"counter": "tiktoken"}, "counter"),
+        ({"summarizer": len}, "summarizer"),
+        ({"high_water": 1.5}, "high_water"),
+        ({"high_water": 0.5, "low_water": 0.6}, "low_water"),
+    ]
+    for kwargs, field in cases:
+        with pytest.raises(InvalidInputError) as err:
+            make_store(**kwargs)
+        assert err.value.field == field
+    store = make_store()
+    store.append("s", Message.user("x"))
+    with pytest.raises(InvalidInputError, match="counter"):
+        store.build("s", 100, counter=object())  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="summarizer"):
+        store.compact("s", summarizer=object())  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="upto"):
+        store.compact("s", upto=-1)
+    assert store.last_seq("s") == 1
+
+
+def test_an_unknown_tiktoken_encoding_is_an_input_error() -> None:
+    """A misspelt encoding fails with an error naming it, not a bare tiktoken ValueError."""
+    with pytest.raises(InvalidInputError, match="no encoding 'cl100k_nope'"):
+        TiktokenCounter("cl100k_nope").count("x")

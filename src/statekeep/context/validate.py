@@ -156,3 +156,20 @@ def check_fraction(value: object, field: str) -> float:
     ):
         raise InvalidInputError(f"must be a number in (0, 1], got {value!r}", field=field)
     return float(value)
+
+
+def check_counter(counter: object, field: str = "counter") -> Any:
+    """A token counter: has a string ``name`` and a ``count`` method."""
+    if not isinstance(getattr(counter, "name", None), str) or not callable(getattr(counter, "count", None)):
+        raise InvalidInputError("must have a str 'name' and a count(text) -> int method", field=field)
+    return counter
+
+
+def check_summarizer(summarizer: object, field: str = "summarizer") -> Any:
+    """A summarizer: has string ``name`` and ``version`` and a ``summarize`` method."""
+    named = isinstance(getattr(summarizer, "name", None), str)
+    if not named or not callable(getattr(summarizer, "summarize", None)):
+        raise InvalidInputError("must have a str 'name', a 'version' and a summarize() method", field=field)
+    if not hasattr(summarizer, "version"):
+        raise InvalidInputError("must have a 'version'", field=field)
+    return summarizer
