@@ -180,6 +180,18 @@ class SummaryConflictError(ContextError, ConflictError):
         super().__init__(f"session {session_id!r}: a concurrent compaction saved a summary first")
 
 
+class EventKeyConflictError(ContextError, ConflictError):
+    """An idempotency key was reused for a different message. Nothing was written."""
+
+    def __init__(self, session_id: str, key: str, seq: int) -> None:
+        self.session_id = session_id
+        self.key = key
+        self.seq = seq
+        super().__init__(
+            f"session {session_id!r}: key {key!r} already names event {seq}, a different message"
+        )
+
+
 class SummaryNotFoundError(ContextError, NotFoundError):
     """A session has no summary (to regenerate)."""
 

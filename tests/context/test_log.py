@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from statekeep.context import (
     message_tokens,
 )
 from statekeep.db import Database
-from statekeep.errors import InvalidInputError, StatekeepError
+from statekeep.errors import EventKeyConflictError, InvalidInputError, StatekeepError
 from statekeep.working import SQLWorkingStateStore
 
 from .conftest import StoreFactory
@@ -176,3 +177,48 @@ def test_an_unknown_tiktoken_encoding_is_an_input_error() -> None:
     """A misspelt encoding fails with an error naming it, not a bare tiktoken ValueError."""
     with pytest.raises(InvalidInputError, match="no encoding 'cl100k_nope'"):
         TiktokenCounter("cl100k_nope").count("x")
+
+
+def test_an_idempotency_key_makes_a_retried_append_a_no_op(make_store: StoreFactory) -> None:
+    """Appending the same message with the same key returns the stored event; no duplicate is logged."""
+    store = make_store()
+    first = store.append("s", Message.user("book it"), key="run-1:step-3:0")
+    again = make_store().append("s", Message.user("book it"), key="run-1:step-3:0")
+    assert again == first
+    assert again.key == "run-1:step-3:0"
+    assert store.last_seq("s") == 1
+    assert (
+        store.append("other", Message.user("book it"), key="run-1:step-3:0").seq == 1
+    )  # keys are per session
+    assert store.append("s", Message.user("book it")).seq == 2  # without a key, every append is new
+
+
+def test_a_key_reused_for_another_message_is_a_conflict(store: ContextStore) -> None:
+    """A key names one message: reusing it for a different one raises and writes nothing."""
+    store.append("s", Message.user("book it"), key="k")
+    with pytest.raises(EventKeyConflictError) as err:
+        store.append("s", Message.user("cancel it"), key="k")
+    assert (err.value.key, err.value.seq) == ("k", 1)
+    assert store.last_seq("s") == 1
+    with pytest.raises(InvalidInputError):
+        store.append("s", Message.user("x"), key="")
+
+
+def test_concurrent_appends_with_one_key_store_one_event(make_store: StoreFactory) -> None:
+    """Threads racing to append the same keyed message all get the same single event."""
+    store = make_store(counter=CharCounter())
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        event = store.append("s", Message.user("once"), key="only-once")
+        with lock:
+            results.append(event.seq)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [1] * 6
+    assert [e.seq for e in store.events("s")] == [1]

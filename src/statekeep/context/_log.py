@@ -28,10 +28,13 @@ class Draft:
     tokens: int
     counter: str
     created_at: datetime
+    key: str | None = None
 
     def at(self, session_id: str, seq: int) -> Event:
         """The stored event this draft becomes at ``seq``."""
-        return Event(session_id, seq, self.kind, self.payload, self.tokens, self.counter, self.created_at)
+        return Event(
+            session_id, seq, self.kind, self.payload, self.tokens, self.counter, self.created_at, self.key
+        )
 
 
 class LogView(Protocol):

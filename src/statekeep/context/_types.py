@@ -164,6 +164,7 @@ class Event:
     """One stored event of a session's log.
 
     ``tokens`` was counted once, at append, by the counter named ``counter``.
+    ``key`` is the caller's idempotency key, if the event was appended with one.
     """
 
     session_id: str
@@ -173,6 +174,7 @@ class Event:
     tokens: int
     counter: str
     created_at: datetime
+    key: str | None = None
 
     @property
     def message(self) -> Message:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -22,12 +23,13 @@ from statekeep.context.tokens import TokenCounter, default_counter, message_toke
 from statekeep.context.validate import (
     check_counter,
     check_fraction,
+    check_key,
     check_seq,
     check_session_id,
     check_summarizer,
     to_message,
 )
-from statekeep.errors import EventsPrunedError, InvalidInputError, SummaryNotFoundError
+from statekeep.errors import EventKeyConflictError, EventsPrunedError, InvalidInputError, SummaryNotFoundError
 
 if TYPE_CHECKING:
     from statekeep.context.builder import BuiltContext
@@ -73,15 +75,26 @@ class ContextStore(ABC):
 
     # --- writing -------------------------------------------------------------------------
 
-    def append(self, session_id: str, message: Message | Mapping[str, Any]) -> Event:
+    def append(
+        self, session_id: str, message: Message | Mapping[str, Any], *, key: str | None = None
+    ) -> Event:
         """Append one message (user, assistant with or without tool calls, tool result, system).
 
         Its token count is computed now and stored with the counter's name.
+        With ``key`` (an idempotency key, unique within the session), appending
+        the same message again returns the stored event instead of a duplicate,
+        so a step re-run after a crash does not log its messages twice.
 
         Raises:
-            InvalidInputError: the session id or message is malformed; nothing was written.
+            InvalidInputError: the session id, key or message is malformed; nothing was written.
+            EventKeyConflictError: ``key`` already names a different message; nothing was written.
         """
-        return self.extend(session_id, [message])[0]
+        check_session_id(session_id)
+        draft = replace(self._draft(to_message(message)), key=check_key(key))
+        stored = self._append(session_id, [draft], None)[0]
+        if key is not None and (stored.kind, stored.payload) != (draft.kind, draft.payload):
+            raise EventKeyConflictError(session_id, key, stored.seq)
+        return stored
 
     def extend(self, session_id: str, messages: Iterable[Message | Mapping[str, Any]]) -> list[Event]:
         """Append several messages in one transaction, with consecutive sequence numbers."""
@@ -218,8 +231,10 @@ class ContextStore(ABC):
     def _append(self, session_id: str, drafts: Sequence[Draft], expect_summary: int | None) -> list[Event]:
         """Store ``drafts`` at ``last_seq + 1 ...`` atomically; a summary draft becomes the latest.
 
-        With ``expect_summary`` set, write nothing and return ``[]`` unless the
-        session's latest summary seq is still ``expect_summary`` (0 for none).
+        If the first draft has a ``key`` already stored in the session, write
+        nothing and return ``[that event]``. With ``expect_summary`` set, write
+        nothing and return ``[]`` unless the session's latest summary seq is
+        still ``expect_summary`` (0 for none).
         """
 
     @abstractmethod

@@ -20,6 +20,7 @@ class _Session:
     head: Head = field(default_factory=lambda: Head(0, 0, 0))
     seqs: list[int] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    keys: dict[str, Event] = field(default_factory=dict)
 
 
 class _MemoryView:
@@ -86,11 +87,14 @@ class InMemoryContextStore(ContextStore):
             s = self._sessions.setdefault(session_id, _Session())
             if expect_summary is not None and s.head.summary_seq != expect_summary:
                 return []
+            if drafts[0].key in s.keys:
+                return [s.keys[drafts[0].key]]
             first = s.head.last_seq + 1
             events = [d.at(session_id, first + i) for i, d in enumerate(drafts)]
             summaries = [e.seq for e in events if e.kind == SUMMARY]
             s.seqs.extend(e.seq for e in events)
             s.events.extend(events)
+            s.keys.update((e.key, e) for e in events if e.key is not None)
             summary_seq = summaries[-1] if summaries else s.head.summary_seq
             s.head = Head(events[-1].seq, summary_seq, s.head.pruned_to)
             return events

@@ -52,6 +52,8 @@ events = sa.Table(
     sa.Column("tokens", sa.Integer, nullable=False),
     sa.Column("counter", sa.String(64), nullable=False),
     sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("key", sa.String(255), nullable=True),
+    sa.Index("context_events_key", "session_id", "key", unique=True),
 )
 
 MIGRATIONS = [
@@ -70,6 +72,13 @@ class _GuardFailed(Exception):
     """Internal: roll back an append whose summary guard no longer holds."""
 
 
+class _KeyExists(Exception):
+    """Internal: roll back an append whose idempotency key is already stored."""
+
+    def __init__(self, event: Event) -> None:
+        self.event = event
+
+
 def append_events(
     conn: Connection, dialect: Dialect, session_id: str, drafts: Sequence[Draft], expect_summary: int | None
 ) -> list[Event]:
@@ -81,6 +90,10 @@ def append_events(
     last, summary_seq = _bump(conn, dialect, session_id, len(drafts))
     if expect_summary is not None and summary_seq != expect_summary:
         raise _GuardFailed
+    if drafts[0].key is not None:  # checked under the session row lock, so no race
+        found = conn.execute(_Q["key"], {"sid": session_id, "key": drafts[0].key}).all()
+        if found:
+            raise _KeyExists(_events(session_id, found)[0])
     first = last - len(drafts) + 1
     stored = [d.at(session_id, first + i) for i, d in enumerate(drafts)]
     conn.execute(events.insert(), [_row(e) for e in stored])
@@ -116,6 +129,7 @@ def _row(e: Event) -> dict[str, Any]:
         "tokens": e.tokens,
         "counter": e.counter,
         "created_at": e.created_at,
+        "key": e.key,
     }
 
 
@@ -127,6 +141,7 @@ _COLUMNS = (
     events.c.tokens,
     events.c.counter,
     events.c.created_at,
+    events.c.key,
 )
 
 
@@ -135,7 +150,7 @@ _decode = json.JSONDecoder().decode
 
 def _events(session_id: str, rows: Sequence[Any]) -> list[Event]:
     loads = _decode
-    return [Event(session_id, r[0], r[1], loads(r[2]), r[3], r[4], r[5]) for r in rows]
+    return [Event(session_id, r[0], r[1], loads(r[2]), r[3], r[4], r[5], r[6]) for r in rows]
 
 
 def _statements() -> dict[str, sa.Select[Any]]:
@@ -148,6 +163,7 @@ def _statements() -> dict[str, sa.Select[Any]]:
             sessions.c.session_id == sa.bindparam("sid")
         ),
         "event": sa.select(*_COLUMNS).where(sid, seq == sa.bindparam("seq")),
+        "key": sa.select(*_COLUMNS).where(sid, events.c.key == sa.bindparam("key")),
         "tail": tail.order_by(newest).limit(sa.bindparam("limit")),
         "tail_before": tail.where(seq < sa.bindparam("before")).order_by(newest).limit(sa.bindparam("limit")),
         "range": sa.select(*_COLUMNS)
@@ -225,6 +241,8 @@ class SQLContextStore(ContextStore):
                 return append_events(conn, self.db.dialect, session_id, drafts, expect_summary)
         except _GuardFailed:
             return []
+        except _KeyExists as existing:
+            return [existing.event]
         except sa.exc.DBAPIError as exc:
             raise storage_error(exc, f"appending to session {session_id!r}") from exc
 

@@ -23,6 +23,15 @@ def check_session_id(session_id: object) -> str:
     return session_id
 
 
+def check_key(key: object) -> str | None:
+    """An idempotency key: None, or a non-empty string of at most 255 characters."""
+    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_ID):
+        raise InvalidInputError(
+            f"must be None or a non-empty string of at most {MAX_ID} characters", field="key"
+        )
+    return key
+
+
 def check_budget(budget: object) -> int:
     """A token budget: a positive int."""
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
