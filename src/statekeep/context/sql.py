@@ -53,7 +53,16 @@ events = sa.Table(
     sa.Column("counter", sa.String(64), nullable=False),
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Column("key", sa.String(255), nullable=True),
-    sa.Index("context_events_key", "session_id", "key", unique=True),
+)
+
+# Partial, so the tail query never mistakes it for a path to a session's events.
+sa.Index(
+    "context_events_key",
+    events.c.session_id,
+    events.c.key,
+    unique=True,
+    postgresql_where=events.c.key.isnot(None),
+    sqlite_where=events.c.key.isnot(None),
 )
 
 MIGRATIONS = [
