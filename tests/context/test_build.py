@@ -242,3 +242,22 @@ def test_invariant_6_context_is_rebuilt_from_the_stores(make_store: StoreFactory
     after = make_store().build("s", 300, system="sys", pinned="step 3")
     assert after.messages == before.messages
     assert after.report == before.report
+
+
+def test_a_summary_that_does_not_fit_is_dropped_and_reported(make_store: StoreFactory) -> None:
+    """When the summary alone exceeds what is left, it is left out, flagged, and the budget holds."""
+    store = make_store(counter=CharCounter(1))
+    store.extend("s", [Message.user("x" * 300), Message.user("short")])
+    store.compact("s", upto=1)
+    built = store.build("s", 100, compact=False)
+    assert built.report.summary_dropped
+    assert [m.content for m in built.messages] == ["short"]
+    assert built.report.total <= 100
+
+
+def test_context_package_all_is_sorted_and_complete() -> None:
+    """statekeep.context.__all__ is sorted, and every name in it exists."""
+    import statekeep.context as context
+
+    assert context.__all__ == sorted(context.__all__)
+    assert all(hasattr(context, name) for name in context.__all__)
