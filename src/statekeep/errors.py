@@ -148,6 +148,71 @@ class ContextError(StatekeepError):
     """Base of the context store's errors."""
 
 
+class ContextBudgetError(ContextError, InvalidInputError):
+    """The system prompt and pinned state alone do not fit in the token budget."""
+
+    def __init__(self, session_id: str, budget: int, needed: int) -> None:
+        self.session_id = session_id
+        self.budget = budget
+        self.needed = needed
+        InvalidInputError.__init__(
+            self,
+            f"session {session_id!r}: the system prompt and pinned state need {needed} tokens, "
+            f"more than the budget of {budget}",
+            field="budget",
+        )
+
+
+class SummaryError(ContextError):
+    """A summarizer failed or returned an empty summary; nothing was saved."""
+
+    def __init__(self, session_id: str, summarizer: str, reason: str) -> None:
+        self.session_id = session_id
+        self.summarizer = summarizer
+        self.reason = reason
+        super().__init__(f"session {session_id!r}: summarizer {summarizer!r} {reason}; nothing was saved")
+
+
+class SummaryConflictError(ContextError, ConflictError):
+    """Another writer saved a summary of the session first; this one was not saved."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        super().__init__(f"session {session_id!r}: a concurrent compaction saved a summary first")
+
+
+class EventKeyConflictError(ContextError, ConflictError):
+    """An idempotency key was reused for a different message. Nothing was written."""
+
+    def __init__(self, session_id: str, key: str, seq: int) -> None:
+        self.session_id = session_id
+        self.key = key
+        self.seq = seq
+        super().__init__(
+            f"session {session_id!r}: key {key!r} already names event {seq}, a different message"
+        )
+
+
+class SummaryNotFoundError(ContextError, NotFoundError):
+    """A session has no summary (to regenerate)."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        super().__init__(f"session {session_id!r} has no summary")
+
+
+class EventsPrunedError(ContextError):
+    """The raw events a summary covers were deleted by retention, so it cannot be regenerated."""
+
+    def __init__(self, session_id: str, pruned_to: int) -> None:
+        self.session_id = session_id
+        self.pruned_to = pruned_to
+        super().__init__(
+            f"session {session_id!r}: raw events up to {pruned_to} were deleted by retention; "
+            "the summary covering them cannot be regenerated"
+        )
+
+
 # --- store 4: memory --------------------------------------------------------------------
 
 

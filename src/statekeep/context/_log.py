@@ -1,0 +1,79 @@
+"""The log's internal records and read contract, shared by the store, the builder and compaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from statekeep.context._types import SUMMARY, Event
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A session's bookkeeping row: last seq, the latest summary's seq, and retention's mark."""
+
+    last_seq: int
+    summary_seq: int
+    pruned_to: int
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """An event about to be appended; the backend assigns its seq."""
+
+    kind: str
+    payload: Mapping[str, Any]
+    tokens: int
+    counter: str
+    created_at: datetime
+    key: str | None = None
+
+    def at(self, session_id: str, seq: int) -> Event:
+        """The stored event this draft becomes at ``seq``."""
+        return Event(
+            session_id, seq, self.kind, self.payload, self.tokens, self.counter, self.created_at, self.key
+        )
+
+
+class LogView(Protocol):
+    """Reads of one session log, all from one consistent snapshot."""
+
+    def head(self, session_id: str) -> Head | None:
+        """The session's head row, None for an unknown session."""
+        ...
+
+    def event(self, session_id: str, seq: int) -> Event | None:
+        """One event by seq."""
+        ...
+
+    def tail(self, session_id: str, *, after: int, before: int | None, limit: int) -> list[Event]:
+        """Up to ``limit`` events with ``after < seq < before``, newest first."""
+        ...
+
+    def range(self, session_id: str, first: int, last: int) -> list[Event]:
+        """Events with ``first <= seq <= last``, oldest first."""
+        ...
+
+
+def summary_event(view: LogView, session_id: str) -> Event | None:
+    """The latest ``summary_updated`` event of a session, found through its head row."""
+    head = view.head(session_id)
+    if head is None or not head.summary_seq:
+        return None
+    event = view.event(session_id, head.summary_seq)
+    return event if event is not None and event.kind == SUMMARY else None
+
+
+def iter_tail(view: LogView, session_id: str, floor: int, first_page: int) -> Iterator[Event]:
+    """Events after ``floor``, newest first, read in pages that double in size."""
+    before: int | None = None
+    page = first_page
+    while True:
+        batch = view.tail(session_id, after=floor, before=before, limit=page)
+        yield from batch
+        if len(batch) < page:
+            return
+        before = batch[-1].seq
+        page = min(page * 2, 4096)

@@ -1,0 +1,259 @@
+"""Records of the context store: messages, events, summaries, memories and build results.
+
+Everything here is a frozen dataclass over JSON-safe values, so an event's
+payload round-trips through the database unchanged (no pickle anywhere).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from statekeep.errors import InvalidInputError
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+#: Event kinds. Message kinds follow from the message; ``summary_updated`` is written by compaction.
+SYSTEM, USER, ASSISTANT, TOOL_CALL, TOOL_RESULT, SUMMARY = (
+    "system",
+    "user",
+    "assistant",
+    "tool_call",
+    "tool_result",
+    "summary_updated",
+)
+MESSAGE_KINDS = (SYSTEM, USER, ASSISTANT, TOOL_CALL, TOOL_RESULT)
+KINDS = (*MESSAGE_KINDS, SUMMARY)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call requested by the model: a call id, a tool name and JSON arguments."""
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The call as a JSON-safe dict."""
+        return {"id": self.id, "name": self.name, "arguments": dict(self.arguments)}
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A provider-neutral chat message.
+
+    ``role`` is ``system``, ``user``, ``assistant`` or ``tool``. An assistant
+    message may carry ``tool_calls`` (all the parallel calls of one turn); a
+    ``tool`` message is the result of the call named by ``tool_call_id``.
+
+    Example:
+        >>> Message.user("Book a flight to Oslo").role
+        'user'
+        >>> Message.tool_result("call-1", "booked", name="book").tool_call_id
+        'call-1'
+    """
+
+    role: Role
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    is_error: bool = False
+
+    @classmethod
+    def system(cls, content: str) -> Message:
+        """A system message."""
+        return cls("system", content)
+
+    @classmethod
+    def user(cls, content: str, *, name: str | None = None) -> Message:
+        """A user message."""
+        return cls("user", content, name=name)
+
+    @classmethod
+    def assistant(
+        cls, content: str = "", *, tool_calls: tuple[ToolCall, ...] | list[ToolCall] = ()
+    ) -> Message:
+        """An assistant message, optionally with the tool calls of this turn."""
+        return cls("assistant", content, tool_calls=tuple(tool_calls))
+
+    @classmethod
+    def tool_result(
+        cls, tool_call_id: str, content: str, *, name: str | None = None, is_error: bool = False
+    ) -> Message:
+        """The result of one tool call."""
+        return cls("tool", content, tool_call_id=tool_call_id, name=name, is_error=is_error)
+
+    @property
+    def kind(self) -> str:
+        """The event kind this message is stored as."""
+        if self.role == "tool":
+            return TOOL_RESULT
+        if self.role == "assistant" and self.tool_calls:
+            return TOOL_CALL
+        return self.role
+
+    def to_json(self) -> dict[str, Any]:
+        """The message as a JSON-safe dict (the stored payload)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.to_json() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        if self.is_error:
+            out["is_error"] = True
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Message:
+        """Rebuild a message from :meth:`to_json` output (unchecked; ``append`` validates its input)."""
+        raw = data.get("tool_calls")
+        calls = (
+            tuple(ToolCall(c["id"], c["name"], dict(c.get("arguments") or {})) for c in raw) if raw else ()
+        )
+        get = data.get
+        return cls(
+            data["role"], get("content") or "", calls, get("tool_call_id"), get("name"), bool(get("is_error"))
+        )
+
+    def without_tool_calls(self) -> Message:
+        """The same assistant message with its tool calls stripped (for interrupted turns)."""
+        return Message("assistant", self.content)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A rolling summary, as recorded by a ``summary_updated`` event.
+
+    It covers the raw events ``covers_from..covers_to`` (inclusive) of its
+    session; those raw events stay in the log until :meth:`prune_summarized`.
+    """
+
+    text: str
+    covers_from: int
+    covers_to: int
+    summarizer: str
+    summarizer_version: str
+    input_hash: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary as a JSON-safe dict (the stored payload)."""
+        return {
+            "text": self.text,
+            "covers_from": self.covers_from,
+            "covers_to": self.covers_to,
+            "summarizer": self.summarizer,
+            "summarizer_version": self.summarizer_version,
+            "input_hash": self.input_hash,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Summary:
+        """Rebuild a summary from :meth:`to_json` output."""
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One stored event of a session's log.
+
+    ``tokens`` was counted once, at append, by the counter named ``counter``.
+    ``key`` is the caller's idempotency key, if the event was appended with one.
+    """
+
+    session_id: str
+    seq: int
+    kind: str
+    payload: Mapping[str, Any]
+    tokens: int
+    counter: str
+    created_at: datetime
+    key: str | None = None
+
+    @property
+    def message(self) -> Message:
+        """The message of a message event."""
+        if self.kind == SUMMARY:
+            raise InvalidInputError(f"event {self.seq} is a summary, not a message", field="kind")
+        return Message.from_json(self.payload)
+
+    @property
+    def summary(self) -> Summary:
+        """The summary of a ``summary_updated`` event."""
+        if self.kind != SUMMARY:
+            raise InvalidInputError(f"event {self.seq} is a {self.kind}, not a summary", field="kind")
+        return Summary.from_json(self.payload)
+
+    def call_ids(self) -> list[str]:
+        """The ids of the tool calls a ``tool_call`` event carries (without building the message)."""
+        return [c["id"] for c in self.payload.get("tool_calls") or ()]
+
+    def payload_json(self) -> str:
+        """The payload as canonical JSON text (sorted keys), as stored and hashed."""
+        return json.dumps(self.payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+MemorySource = Literal["user_supplied", "agent_inferred", "system_verified"]
+MEMORY_SOURCES = ("user_supplied", "agent_inferred", "system_verified")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryItem:
+    """A memory handed to :meth:`ContextStore.build` by the caller, with its provenance.
+
+    The context store never reads the memory store itself; the runtime
+    retrieves memories and passes them in. A mapping or any object with these
+    attribute names is accepted too.
+    """
+
+    content: str
+    source: MemorySource = "agent_inferred"
+    session_id: str | None = None
+    run_id: str | None = None
+    event_id: str | int | None = None
+    memory_id: str | None = None
+
+
+SECTIONS = ("system", "pinned", "memories", "summary", "window")
+
+
+@dataclass(frozen=True, slots=True)
+class ContextReport:
+    """Tokens per section of a built context, and what was left out.
+
+    ``total`` includes ``reply_overhead`` (the tokens a chat format adds to
+    prime the reply) and never exceeds ``budget``.
+    """
+
+    budget: int
+    counter: str
+    system: int
+    pinned: int
+    memories: int
+    summary: int
+    window: int
+    reply_overhead: int
+    window_events: int
+    first_seq: int | None
+    last_seq: int
+    memories_dropped: int = 0
+    summary_dropped: bool = False
+    oversized_seq: int | None = None
+    orphans_dropped: int = 0
+    compacted: bool = False
+    compaction_error: str | None = None
+
+    @property
+    def total(self) -> int:
+        """All tokens of the built context."""
+        return self.system + self.pinned + self.memories + self.summary + self.window + self.reply_overhead
+
+    def sections(self) -> dict[str, int]:
+        """Tokens per section, in prompt order."""
+        return {s: getattr(self, s) for s in SECTIONS}

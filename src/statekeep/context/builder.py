@@ -1,0 +1,283 @@
+"""Building the context for one model call: sections, the tail window, and compaction.
+
+The builder reads the session's head row, its latest summary (by the seq the
+head row points at) and the log backwards from the newest event, page by
+page, only until the window budget is exceeded: O(window), never O(history).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from statekeep.context import compaction
+from statekeep.context._log import Head, LogView, iter_tail, summary_event
+from statekeep.context._types import (
+    SUMMARY,
+    TOOL_CALL,
+    TOOL_RESULT,
+    ContextReport,
+    Event,
+    MemoryItem,
+    Message,
+)
+from statekeep.context.render import render_memories, render_pinned, render_summary, to_anthropic, to_openai
+from statekeep.context.tokens import REPLY_OVERHEAD, TokenCounter, message_tokens, text_tokens
+from statekeep.context.validate import check_budget, check_pinned, check_session_id, to_memory
+from statekeep.context.window import TokensOf, Window, enforce_pairing, select_window
+from statekeep.errors import ContextBudgetError, ContextError, InvalidInputError
+
+if TYPE_CHECKING:
+    from statekeep.context.base import ContextStore
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltContext:
+    """The messages for one model call, and the report of tokens per section.
+
+    Example:
+        >>> from statekeep.context import InMemoryContextStore, Message
+        >>> store = InMemoryContextStore()
+        >>> _ = store.append("s", Message.user("hi"))
+        >>> store.build("s", 1000).to_openai()
+        [{'role': 'user', 'content': 'hi'}]
+    """
+
+    messages: tuple[Message, ...]
+    report: ContextReport
+
+    def to_openai(self) -> list[dict[str, Any]]:
+        """The messages in the OpenAI chat-completions format."""
+        return to_openai(self.messages)
+
+    def to_anthropic(self) -> dict[str, Any]:
+        """``{"system": ..., "messages": [...]}`` in the Anthropic messages format."""
+        return to_anthropic(self.messages)
+
+
+@dataclass(slots=True)
+class _Sections:
+    messages: list[Message] = field(default_factory=list)
+    tokens: dict[str, int] = field(default_factory=dict)
+    memories_dropped: int = 0
+    summary_dropped: bool = False
+
+    def add(self, section: str, text: str, counter: TokenCounter) -> int:
+        self.messages.append(Message.system(text))
+        self.tokens[section] = text_tokens(counter, text)
+        return self.tokens[section]
+
+    @property
+    def used(self) -> int:
+        return REPLY_OVERHEAD + sum(self.tokens.values())
+
+
+def build(
+    store: ContextStore,
+    session_id: str,
+    budget: int,
+    system: str | None,
+    pinned: str | Mapping[str, Any] | None,
+    memories: Sequence[object],
+    compact: bool,
+    counter: TokenCounter,
+) -> BuiltContext:
+    """See :meth:`ContextStore.build`."""
+    check_session_id(session_id)
+    check_budget(budget)
+    pinned = check_pinned(pinned)
+    items = _memories(memories)
+    rounds = MAX_ROUNDS if compact else 0
+    compacted = False
+    while True:
+        built, tail, needs, room = _build_once(store, session_id, budget, system, pinned, items, counter)
+        if not (rounds and needs):
+            return _mark(built, compacted, None)
+        done, error = _compact(store, session_id, tail, room, counter)
+        if not done:
+            return _mark(built, compacted, error)
+        compacted, rounds = True, rounds - 1
+
+
+#: Compactions one build may run: a grown summary can squeeze the window and call for one more.
+MAX_ROUNDS = 3
+
+
+def _build_once(
+    store: ContextStore,
+    session_id: str,
+    budget: int,
+    system: str | None,
+    pinned: str | Mapping[str, Any] | None,
+    items: list[MemoryItem],
+    counter: TokenCounter,
+) -> tuple[BuiltContext, list[Event], bool, int]:
+    """One build from the stores: (result, tail read, whether to compact, window room)."""
+    sections = _fixed_sections(session_id, budget, system, pinned, counter)
+    _fit_memories(sections, items, budget, counter)
+    tokens_of = _tokens_of(counter)
+    with store._view() as view:
+        head = view.head(session_id) or Head(0, 0, 0)
+        floor = _add_summary(sections, view, session_id, head, budget, counter)
+        room = budget - sections.used
+        tail, complete = _read_tail(view, session_id, floor, room, tokens_of)
+    window = select_window(tail, room, tokens_of, lambda m: message_tokens(counter, m))
+    needs = _needs_compaction(tail, complete, room, store.high_water, tokens_of)
+    return _assemble(sections, window, head, budget, counter), tail, needs, room
+
+
+def _fixed_sections(
+    session_id: str,
+    budget: int,
+    system: str | None,
+    pinned: str | Mapping[str, Any] | None,
+    counter: TokenCounter,
+) -> _Sections:
+    if system is not None and not isinstance(system, str):
+        raise InvalidInputError("must be text or None", field="system")
+    sections = _Sections()
+    if system:
+        sections.add("system", system, counter)
+    if pinned is not None and pinned != "":
+        sections.add("pinned", render_pinned(pinned), counter)
+    if sections.used > budget:
+        raise ContextBudgetError(session_id, budget, sections.used)
+    return sections
+
+
+def _memories(memories: Sequence[object]) -> list[MemoryItem]:
+    if isinstance(memories, str | bytes | Mapping) or not isinstance(memories, Sequence):
+        raise InvalidInputError("must be a sequence of memories", field="memories")
+    return [to_memory(m) for m in memories]
+
+
+def _fit_memories(sections: _Sections, items: list[MemoryItem], budget: int, counter: TokenCounter) -> None:
+    """Keep the leading memories (the caller's order is its ranking) whose block fits."""
+    keep = len(items)
+    while keep and sections.used + text_tokens(counter, render_memories(items[:keep])) > budget:
+        keep -= 1
+    sections.memories_dropped = len(items) - keep
+    if keep:
+        sections.add("memories", render_memories(items[:keep]), counter)
+
+
+def _add_summary(
+    sections: _Sections, view: LogView, session_id: str, head: Head, budget: int, counter: TokenCounter
+) -> int:
+    """Add the latest summary if it fits; return the seq the window starts after."""
+    event = summary_event(view, session_id)
+    if event is None:
+        return head.pruned_to
+    summary = event.summary
+    text = render_summary(summary)
+    tokens = event.tokens if event.counter == counter.name else text_tokens(counter, text)
+    if sections.used + tokens <= budget:
+        sections.messages.append(Message.system(text))
+        sections.tokens["summary"] = tokens
+    else:
+        sections.summary_dropped = True
+    return max(summary.covers_to, head.pruned_to)
+
+
+def _tokens_of(counter: TokenCounter) -> TokensOf:
+    def tokens_of(event: Event) -> int:
+        if event.kind == SUMMARY:
+            return 0
+        if event.counter == counter.name:
+            return event.tokens
+        return message_tokens(counter, event.message)
+
+    return tokens_of
+
+
+def _read_tail(
+    view: LogView, session_id: str, floor: int, room: int, tokens_of: TokensOf
+) -> tuple[list[Event], bool]:
+    """Newest events after ``floor`` until the units they open pass ``room``; True if all were read.
+
+    A tool result counts only once its call is read: until then it may belong
+    to a unit that opens before messages read after it.
+    """
+    events: list[Event] = []
+    waiting: dict[str, int] = {}
+    total = 0
+    for event in iter_tail(view, session_id, floor, max(16, min(2048, room // 32))):
+        events.append(event)
+        total += _opened(event, tokens_of, waiting)
+        if total > room:
+            events.reverse()
+            return events, False
+    events.reverse()
+    return events, True
+
+
+def _opened(event: Event, tokens_of: TokensOf, waiting: dict[str, int]) -> int:
+    """Tokens that reading ``event`` (newest first) adds to the units it opens."""
+    if event.kind == TOOL_RESULT:
+        call_id = str(event.payload.get("tool_call_id"))
+        waiting[call_id] = waiting.get(call_id, 0) + tokens_of(event)
+        return 0
+    if event.kind == TOOL_CALL:
+        return tokens_of(event) + sum(waiting.pop(i, 0) for i in event.call_ids())
+    return tokens_of(event)
+
+
+def _needs_compaction(
+    tail: list[Event], complete: bool, room: int, high_water: float, tokens_of: TokensOf
+) -> bool:
+    if not complete:
+        return True
+    return sum(tokens_of(e) for e in tail) > high_water * room
+
+
+def _compact(
+    store: ContextStore, session_id: str, tail: list[Event], room: int, counter: TokenCounter
+) -> tuple[bool, str | None]:
+    """Fold the oldest part of the tail into the summary: (folded, error text if it failed).
+
+    A failed or empty summary is not saved; the raw window is kept instead.
+    """
+    upto = compaction.plan_cut(tail, room, store.low_water, _tokens_of(counter))
+    if upto is None:
+        return False, None
+    try:
+        with store._view() as view:
+            head = view.head(session_id) or Head(0, 0, 0)
+            plan = compaction.fold_plan(view, session_id, head, upto)
+        if not plan.events:
+            return False, None
+        compaction.fold(store, session_id, plan, store.summarizer, store.counter)
+    except ContextError as exc:
+        return False, str(exc)
+    return True, None
+
+
+def _mark(built: BuiltContext, done: bool, error: str | None) -> BuiltContext:
+    report = replace(built.report, compacted=done, compaction_error=error)
+    return BuiltContext(built.messages, report)
+
+
+def _assemble(
+    sections: _Sections, window: Window, head: Head, budget: int, counter: TokenCounter
+) -> BuiltContext:
+    messages, removed = enforce_pairing([*sections.messages, *window.messages])
+    t = sections.tokens
+    report = ContextReport(
+        budget=budget,
+        counter=counter.name,
+        system=t.get("system", 0),
+        pinned=t.get("pinned", 0),
+        memories=t.get("memories", 0),
+        summary=t.get("summary", 0),
+        window=window.tokens,
+        reply_overhead=REPLY_OVERHEAD,
+        window_events=sum(u.events for u in window.units),
+        first_seq=window.first_seq,
+        last_seq=head.last_seq,
+        memories_dropped=sections.memories_dropped,
+        summary_dropped=sections.summary_dropped,
+        oversized_seq=window.oversized_seq,
+        orphans_dropped=window.dropped_events + removed,
+    )
+    return BuiltContext(tuple(messages), report)

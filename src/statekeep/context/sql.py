@@ -1,0 +1,264 @@
+"""The SQL backend of the context store (SQLite and PostgreSQL).
+
+Sequence numbers come from a per-session counter row, ``context_sessions``,
+incremented by an ``UPDATE ... RETURNING`` in the same transaction as the
+event insert. The UPDATE takes the row lock, so concurrent appenders to one
+session queue on it (PostgreSQL re-reads the committed row under READ
+COMMITTED; SQLite serializes writers with ``BEGIN IMMEDIATE``); a rolled-back
+append rolls back its increment too. So seqs have no gaps and no duplicates.
+The same row points at the latest summary, so the builder finds it by key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from statekeep.context._log import Draft, Head, LogView
+from statekeep.context._types import SUMMARY, Event
+from statekeep.context.base import ContextStore
+from statekeep.context.summarize import Summarizer
+from statekeep.context.tokens import TokenCounter
+from statekeep.db import Database, Migration, upgrade
+from statekeep.db.dialects import Dialect
+from statekeep.db.engine import storage_error
+from statekeep.db.migrations import create_tables
+from statekeep.db.types import UTCDateTime
+
+SCHEMA = "statekeep_context"
+metadata = sa.MetaData(schema=SCHEMA)
+
+sessions = sa.Table(
+    "context_sessions",
+    metadata,
+    sa.Column("session_id", sa.String(255), primary_key=True),
+    sa.Column("last_seq", sa.BigInteger, nullable=False),
+    sa.Column("summary_seq", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("pruned_to", sa.BigInteger, nullable=False, server_default="0"),
+)
+
+events = sa.Table(
+    "context_events",
+    metadata,
+    sa.Column("session_id", sa.String(255), primary_key=True),
+    sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("tokens", sa.Integer, nullable=False),
+    sa.Column("counter", sa.String(64), nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("key", sa.String(255), nullable=True),
+)
+
+# Partial, so the tail query never mistakes it for a path to a session's events.
+sa.Index(
+    "context_events_key",
+    events.c.session_id,
+    events.c.key,
+    unique=True,
+    postgresql_where=events.c.key.isnot(None),
+    sqlite_where=events.c.key.isnot(None),
+)
+
+MIGRATIONS = [
+    Migration(
+        1, "context_sessions, context_events", create_tables(metadata, "context_sessions", "context_events")
+    )
+]
+
+
+def setup(db: Database) -> None:
+    """Create or upgrade the context tables (idempotent)."""
+    upgrade(db, "context", SCHEMA, MIGRATIONS)
+
+
+class _GuardFailed(Exception):
+    """Internal: roll back an append whose summary guard no longer holds."""
+
+
+class _KeyExists(Exception):
+    """Internal: roll back an append whose idempotency key is already stored."""
+
+    def __init__(self, event: Event) -> None:
+        self.event = event
+
+
+def append_events(
+    conn: Connection, dialect: Dialect, session_id: str, drafts: Sequence[Draft], expect_summary: int | None
+) -> list[Event]:
+    """Append ``drafts`` inside the caller's transaction; see :meth:`ContextStore._append`.
+
+    Raises:
+        _GuardFailed: the latest summary is no longer ``expect_summary`` (the caller rolls back).
+    """
+    last, summary_seq = _bump(conn, dialect, session_id, len(drafts))
+    if expect_summary is not None and summary_seq != expect_summary:
+        raise _GuardFailed
+    if drafts[0].key is not None:  # checked under the session row lock, so no race
+        found = conn.execute(_Q["key"], {"sid": session_id, "key": drafts[0].key}).all()
+        if found:
+            raise _KeyExists(_events(session_id, found)[0])
+    first = last - len(drafts) + 1
+    stored = [d.at(session_id, first + i) for i, d in enumerate(drafts)]
+    conn.execute(events.insert(), [_row(e) for e in stored])
+    summaries = [e.seq for e in stored if e.kind == SUMMARY]
+    if summaries:
+        where = sessions.c.session_id == session_id
+        conn.execute(sessions.update().where(where).values(summary_seq=summaries[-1]))
+    return stored
+
+
+def _bump(conn: Connection, dialect: Dialect, session_id: str, n: int) -> tuple[int, int]:
+    """Reserve ``n`` seqs: lock the session row and advance its counter; (new last, summary seq)."""
+    bump = (
+        sessions.update()
+        .where(sessions.c.session_id == session_id)
+        .values(last_seq=sessions.c.last_seq + n)
+        .returning(sessions.c.last_seq, sessions.c.summary_seq)
+    )
+    row = conn.execute(bump).first()
+    if row is None:
+        new = dialect.insert(sessions).values(session_id=session_id, last_seq=0, summary_seq=0, pruned_to=0)
+        conn.execute(new.on_conflict_do_nothing(index_elements=["session_id"]))
+        row = conn.execute(bump).one()
+    return int(row[0]), int(row[1])
+
+
+def _row(e: Event) -> dict[str, Any]:
+    return {
+        "session_id": e.session_id,
+        "seq": e.seq,
+        "kind": e.kind,
+        "payload": e.payload_json(),
+        "tokens": e.tokens,
+        "counter": e.counter,
+        "created_at": e.created_at,
+        "key": e.key,
+    }
+
+
+#: The columns a read needs; the session id is known, so it is not read back.
+_COLUMNS = (
+    events.c.seq,
+    events.c.kind,
+    events.c.payload,
+    events.c.tokens,
+    events.c.counter,
+    events.c.created_at,
+    events.c.key,
+)
+
+
+_decode = json.JSONDecoder().decode
+
+
+def _events(session_id: str, rows: Sequence[Any]) -> list[Event]:
+    loads = _decode
+    return [Event(session_id, r[0], r[1], loads(r[2]), r[3], r[4], r[5], r[6]) for r in rows]
+
+
+def _statements() -> dict[str, sa.Select[Any]]:
+    """The view's queries, built once with bound parameters (the hot path skips statement building)."""
+    sid, seq = events.c.session_id == sa.bindparam("sid"), events.c.seq
+    tail = sa.select(*_COLUMNS).where(sid, seq > sa.bindparam("after"))
+    newest = seq.desc()
+    return {
+        "head": sa.select(sessions.c.last_seq, sessions.c.summary_seq, sessions.c.pruned_to).where(
+            sessions.c.session_id == sa.bindparam("sid")
+        ),
+        "event": sa.select(*_COLUMNS).where(sid, seq == sa.bindparam("seq")),
+        "key": sa.select(*_COLUMNS).where(sid, events.c.key == sa.bindparam("key")),
+        "tail": tail.order_by(newest).limit(sa.bindparam("limit")),
+        "tail_before": tail.where(seq < sa.bindparam("before")).order_by(newest).limit(sa.bindparam("limit")),
+        "range": sa.select(*_COLUMNS)
+        .where(sid, seq.between(sa.bindparam("first"), sa.bindparam("last")))
+        .order_by(seq),
+    }
+
+
+_Q = _statements()
+
+
+class _SQLView:
+    """Reads of the log, all inside one read transaction."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def head(self, session_id: str) -> Head | None:
+        row = self._conn.execute(_Q["head"], {"sid": session_id}).first()
+        return None if row is None else Head(int(row[0]), int(row[1]), int(row[2]))
+
+    def event(self, session_id: str, seq: int) -> Event | None:
+        found = _events(session_id, self._conn.execute(_Q["event"], {"sid": session_id, "seq": seq}).all())
+        return found[0] if found else None
+
+    def tail(self, session_id: str, *, after: int, before: int | None, limit: int) -> list[Event]:
+        params = {"sid": session_id, "after": after, "limit": limit}
+        if before is None:
+            return _events(session_id, self._conn.execute(_Q["tail"], params).all())
+        rows = self._conn.execute(_Q["tail_before"], {**params, "before": before}).all()
+        return _events(session_id, rows)
+
+    def range(self, session_id: str, first: int, last: int) -> list[Event]:
+        rows = self._conn.execute(_Q["range"], {"sid": session_id, "first": first, "last": last}).all()
+        return _events(session_id, rows)
+
+
+class SQLContextStore(ContextStore):
+    """Session logs in SQLite or PostgreSQL (schema ``statekeep_context``).
+
+    Args:
+        db: a :class:`~statekeep.db.Database` (shared with other stores) or a URL.
+
+    Example:
+        >>> from statekeep.context import Message
+        >>> store = SQLContextStore("sqlite:///:memory:")
+        >>> store.append("s1", Message.user("hello")).seq
+        1
+    """
+
+    def __init__(
+        self,
+        db: Database | str,
+        *,
+        counter: TokenCounter | None = None,
+        summarizer: Summarizer | None = None,
+        high_water: float = 0.8,
+        low_water: float = 0.5,
+    ) -> None:
+        super().__init__(counter=counter, summarizer=summarizer, high_water=high_water, low_water=low_water)
+        self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_CONTEXT_URL")
+        setup(self.db)
+
+    @contextmanager
+    def _view(self) -> Iterator[LogView]:
+        try:
+            with self.db.read() as conn:
+                yield _SQLView(conn)
+        except sa.exc.OperationalError as exc:
+            raise storage_error(exc, "reading the context log") from exc
+
+    def _append(self, session_id: str, drafts: Sequence[Draft], expect_summary: int | None) -> list[Event]:
+        try:
+            with self.db.begin() as conn:
+                return append_events(conn, self.db.dialect, session_id, drafts, expect_summary)
+        except _GuardFailed:
+            return []
+        except _KeyExists as existing:
+            return [existing.event]
+        except sa.exc.DBAPIError as exc:
+            raise storage_error(exc, f"appending to session {session_id!r}") from exc
+
+    def _delete_covered(self, session_id: str, upto: int) -> int:
+        mark = sessions.update().where(sessions.c.session_id == session_id, sessions.c.pruned_to < upto)
+        raw = events.c.kind != SUMMARY
+        drop = events.delete().where(events.c.session_id == session_id, events.c.seq <= upto, raw)
+        with self.db.begin() as conn:
+            conn.execute(mark.values(pruned_to=upto))
+            return int(conn.execute(drop).rowcount)

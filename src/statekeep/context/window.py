@@ -1,0 +1,167 @@
+"""Window selection: pure functions over events, no I/O.
+
+A *unit* is what the window keeps or drops as a whole: one plain message, or a
+tool-calling assistant turn together with the results of all its parallel
+calls. A turn whose results are not all in the log (an interrupted turn) keeps
+only its text, if any; a result whose call is not in the tail is dropped.
+:func:`enforce_pairing` is the final check on what is returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from statekeep.context._types import SUMMARY, TOOL_CALL, TOOL_RESULT, Event, Message
+
+TokensOf = Callable[[Event], int]
+Recount = Callable[[Message], int]
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """Messages kept or dropped together; ``seq`` is the event that opens the unit."""
+
+    seq: int
+    messages: tuple[Message, ...]
+    tokens: int
+    events: int
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The units chosen for a window, newest last, and what was left out."""
+
+    units: tuple[Unit, ...]
+    tokens: int
+    dropped_events: int
+    oversized_seq: int | None
+
+    @property
+    def messages(self) -> list[Message]:
+        """The window's messages in prompt order."""
+        return [m for u in self.units for m in u.messages]
+
+    @property
+    def first_seq(self) -> int | None:
+        """The seq of the oldest unit kept, None when the window is empty."""
+        return self.units[0].seq if self.units else None
+
+
+@dataclass(slots=True)
+class _Turn:
+    call: Event
+    results: dict[str, Event]
+
+
+def group_units(events: Sequence[Event], tokens_of: TokensOf, recount: Recount) -> tuple[list[Unit], int]:
+    """Group events (oldest first) into units; return them and the number of events dropped."""
+    slots: list[Event | _Turn] = []
+    open_calls: dict[str, _Turn] = {}
+    dropped = 0
+    for event in events:
+        if event.kind == SUMMARY:
+            continue
+        if event.kind == TOOL_RESULT:
+            dropped += not _attach(open_calls, event)
+            continue
+        if event.kind == TOOL_CALL:
+            turn = _Turn(event, {})
+            open_calls.update((i, turn) for i in event.call_ids())
+            slots.append(turn)
+            continue
+        slots.append(event)
+    units = []
+    for slot in slots:
+        unit, lost = _unit(slot, tokens_of, recount)
+        dropped += lost
+        if unit is not None:
+            units.append(unit)
+    return units, dropped
+
+
+def _attach(open_calls: dict[str, _Turn], event: Event) -> bool:
+    call_id = event.payload.get("tool_call_id")
+    turn = open_calls.pop(call_id, None) if isinstance(call_id, str) else None
+    if turn is None:
+        return False
+    turn.results[call_id] = event  # type: ignore[index]  # call_id is a str when turn is found
+    return True
+
+
+def _unit(slot: Event | _Turn, tokens_of: TokensOf, recount: Recount) -> tuple[Unit | None, int]:
+    if isinstance(slot, Event):
+        return Unit(slot.seq, (slot.message,), tokens_of(slot), 1), 0
+    call = slot.call.message
+    ids = [c.id for c in call.tool_calls]
+    if all(i in slot.results for i in ids):
+        results = [slot.results[i] for i in ids]
+        messages = (call, *(r.message for r in results))
+        tokens = tokens_of(slot.call) + sum(tokens_of(r) for r in results)
+        return Unit(slot.call.seq, messages, tokens, 1 + len(results)), 0
+    lost = len(slot.results) + (0 if call.content else 1)
+    if not call.content:
+        return None, lost
+    text = call.without_tool_calls()
+    return Unit(slot.call.seq, (text,), recount(text), 1), lost
+
+
+def select_window(events: Sequence[Event], budget: int, tokens_of: TokensOf, recount: Recount) -> Window:
+    """The newest whole units of ``events`` (oldest first) that fit in ``budget`` tokens.
+
+    Units are taken newest first and selection stops at the first unit that
+    does not fit, so the window is always a contiguous recent stretch.
+    """
+    units, dropped = group_units(events, tokens_of, recount)
+    chosen: list[Unit] = []
+    total = 0
+    oversized = None
+    for unit in reversed(units):
+        if total + unit.tokens > budget:
+            oversized = unit.seq if unit.tokens > budget else None
+            break
+        chosen.append(unit)
+        total += unit.tokens
+    chosen.reverse()
+    return Window(tuple(chosen), total, dropped, oversized)
+
+
+def enforce_pairing(messages: Sequence[Message]) -> tuple[list[Message], int]:
+    """The final check: drop any tool result without its call and any call without its results.
+
+    A tool-calling assistant message must be followed directly by exactly one
+    result for each of its calls. Returns the repaired list and how many
+    messages were removed (0 whenever :func:`select_window` did its job).
+    """
+    out: list[Message] = []
+    removed = 0
+    i = 0
+    while i < len(messages):
+        message = messages[i]
+        j = i + 1
+        if message.role == "assistant" and message.tool_calls:
+            while j < len(messages) and messages[j].role == "tool":
+                j += 1
+            block = messages[i:j]
+            if _paired(message, block[1:]):
+                out.extend(block)
+            else:
+                removed += len(block) - bool(message.content)
+                out.extend([message.without_tool_calls()] if message.content else [])
+        elif message.role == "tool":
+            removed += 1
+        else:
+            out.append(message)
+        i = j
+    return out, removed
+
+
+def _paired(call: Message, results: Sequence[Message]) -> bool:
+    ids = [c.id for c in call.tool_calls]
+    got = [r.tool_call_id for r in results]
+    return len(set(ids)) == len(ids) and sorted(ids) == sorted(x or "" for x in got)
+
+
+def is_well_paired(messages: Sequence[Message]) -> bool:
+    """True when :func:`enforce_pairing` would remove nothing."""
+    return enforce_pairing(messages)[1] == 0

@@ -1,0 +1,102 @@
+"""Concurrent appends to one session never produce a duplicate or a gap (threads and processes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import statekeep
+from statekeep.context import CharCounter, ContextStore, InMemoryContextStore, Message, SQLContextStore
+
+from .conftest import StoreFactory
+
+THREADS, PER_THREAD = 6, 15
+PROCESSES, PER_PROCESS = 3, 20
+
+CHILD = """
+import sys, time
+from pathlib import Path
+from statekeep.context import CharCounter, Message, SQLContextStore
+store = SQLContextStore(sys.argv[1], counter=CharCounter())
+store.last_seq("warm-up")
+Path(sys.argv[4] + "." + sys.argv[2]).touch()
+while not Path(sys.argv[4]).exists():
+    time.sleep(0.005)
+for i in range(int(sys.argv[3])):
+    if i % 2:
+        store.extend("shared", [Message.user(f"{sys.argv[2]}-{i}a"), Message.user(f"{sys.argv[2]}-{i}b")])
+    else:
+        store.append("shared", Message.user(f"{sys.argv[2]}-{i}"))
+store.db.dispose()
+"""
+
+
+def _assert_gap_free(store: ContextStore, expected: int) -> None:
+    seqs = [e.seq for e in store.events("shared")]
+    assert seqs == list(range(1, expected + 1))
+    assert store.last_seq("shared") == expected
+
+
+def test_threads_appending_to_one_session_get_gap_free_seqs(make_store: StoreFactory) -> None:
+    """Many threads appending at once: every seq 1..N used exactly once, every message kept."""
+    store = make_store(counter=CharCounter())
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(PER_THREAD):
+                store.append("shared", Message.user(f"t{t}-{i}"))
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    _assert_gap_free(store, THREADS * PER_THREAD)
+    contents = {e.message.content for e in store.events("shared")}
+    assert len(contents) == THREADS * PER_THREAD
+
+
+@pytest.mark.slow
+def test_processes_appending_to_one_session_get_gap_free_seqs(sql_url: str, tmp_path: Path) -> None:
+    """Several OS processes appending (single and batched) at once: no duplicate, no gap."""
+    SQLContextStore(sql_url).db.dispose()  # create the schema before the race
+    src = str(Path(statekeep.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": src}
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CHILD, sql_url, f"p{p}", str(PER_PROCESS), str(go)], env=env)
+        for p in range(PROCESSES)
+    ]
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("go.p*"))) < PROCESSES and time.monotonic() < deadline:
+        time.sleep(0.01)
+    go.touch()  # all children start appending at the same moment
+    assert [p.wait(timeout=120) for p in procs] == [0] * PROCESSES
+    store = SQLContextStore(sql_url, counter=CharCounter())
+    per_process = PER_PROCESS + PER_PROCESS // 2  # odd iterations append two messages
+    _assert_gap_free(store, PROCESSES * per_process)
+    store.db.dispose()
+
+
+def test_in_memory_backend_is_thread_safe() -> None:
+    """The reference backend also hands out gap-free seqs under threads."""
+    store = InMemoryContextStore(counter=CharCounter())
+    threads = [
+        threading.Thread(target=lambda: [store.append("shared", Message.user("x")) for _ in range(50)])
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _assert_gap_free(store, 200)

@@ -1,0 +1,31 @@
+"""The code in docs/context.md runs as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+DOC = Path(__file__).parents[2] / "docs" / "context.md"
+
+
+def test_every_example_in_the_context_guide_runs() -> None:
+    """All python blocks of docs/context.md execute, in order, in one namespace."""
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
+    assert len(blocks) >= 6
+    namespace: dict[str, object] = {}
+    for block in blocks:
+        exec(compile(block, str(DOC), "exec"), namespace)
+
+
+def test_docstring_examples_of_the_context_package_run() -> None:
+    """Every example in the context package's docstrings gives the output it shows."""
+    import doctest
+    import importlib
+    import pkgutil
+
+    import statekeep.context as package
+
+    failed = 0
+    for info in pkgutil.iter_modules(package.__path__, f"{package.__name__}."):
+        failed += doctest.testmod(importlib.import_module(info.name), optionflags=doctest.ELLIPSIS).failed
+    assert failed == 0
