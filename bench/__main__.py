@@ -16,7 +16,8 @@ def main(argv: list[str]) -> int:
     for name in names:
         print(f"\n=== bench.{name} ===", flush=True)
         module = importlib.import_module(f"bench.{name}")
-        code = module.main([])
+        sys.argv = [f"bench.{name}"]  # each benchmark parses its own flags; run all at their defaults
+        code = module.main()
         if code:
             return int(code)
     return 0
