@@ -1,4 +1,4 @@
-"""Every notebook in notebooks/ executes top to bottom on the embedded default, and is committed without outputs."""
+"""Notebooks execute top to bottom on the embedded default, and are committed without outputs."""
 
 from __future__ import annotations
 
@@ -23,8 +23,12 @@ def test_notebook_runs(path: Path, tmp_path: Path) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))
     os.environ["MPLBACKEND"] = "Agg"
     os.environ["STATEKEEP_HOME"] = str(tmp_path / ".statekeep")
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    errors = [
+        o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"
+    ]
     assert errors == []
 
 

@@ -193,6 +193,17 @@ def test_an_idempotency_key_makes_a_retried_append_a_no_op(make_store: StoreFact
     assert store.append("s", Message.user("book it")).seq == 2  # without a key, every append is new
 
 
+def test_find_returns_the_event_logged_under_a_key(make_store: StoreFactory) -> None:
+    """find(session, key) sees what an earlier attempt logged, from any store instance; None otherwise."""
+    store = make_store()
+    assert store.find("s", "run-1/model-0") is None
+    logged = store.append("s", Message.assistant("hello"), key="run-1/model-0")
+    assert make_store().find("s", "run-1/model-0") == logged
+    assert store.find("other", "run-1/model-0") is None
+    with pytest.raises(InvalidInputError):
+        store.find("s", "")
+
+
 def test_a_key_reused_for_another_message_is_a_conflict(store: ContextStore) -> None:
     """A key names one message: reusing it for a different one raises and writes nothing."""
     store.append("s", Message.user("book it"), key="k")

@@ -48,6 +48,10 @@ class LogView(Protocol):
         """One event by seq."""
         ...
 
+    def by_key(self, session_id: str, key: str) -> Event | None:
+        """The event appended with idempotency key ``key``, if any."""
+        ...
+
     def tail(self, session_id: str, *, after: int, before: int | None, limit: int) -> list[Event]:
         """Up to ``limit`` events with ``after < seq < before``, newest first."""
         ...

@@ -96,6 +96,19 @@ class ContextStore(ABC):
             raise EventKeyConflictError(session_id, key, stored.seq)
         return stored
 
+    def find(self, session_id: str, key: str) -> Event | None:
+        """The event appended with idempotency ``key`` in this session, None if there is none.
+
+        Lets a step that is re-executed after a crash see what its first attempt
+        already logged (for example a model answer, so it is not paid for twice).
+        """
+        check_session_id(session_id)
+        checked = check_key(key)
+        if checked is None:
+            raise InvalidInputError("must be a non-empty string", field="key")
+        with self._view() as view:
+            return view.by_key(session_id, checked)
+
     def extend(self, session_id: str, messages: Iterable[Message | Mapping[str, Any]]) -> list[Event]:
         """Append several messages in one transaction, with consecutive sequence numbers."""
         check_session_id(session_id)

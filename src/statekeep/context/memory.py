@@ -40,6 +40,10 @@ class _MemoryView:
         i = bisect.bisect_left(s.seqs, seq)
         return s.events[i] if i < len(s.seqs) and s.seqs[i] == seq else None
 
+    def by_key(self, session_id: str, key: str) -> Event | None:
+        s = self._sessions.get(session_id)
+        return None if s is None else s.keys.get(key)
+
     def tail(self, session_id: str, *, after: int, before: int | None, limit: int) -> list[Event]:
         s = self._sessions.get(session_id)
         if s is None:

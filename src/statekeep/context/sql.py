@@ -198,6 +198,10 @@ class _SQLView:
         found = _events(session_id, self._conn.execute(_Q["event"], {"sid": session_id, "seq": seq}).all())
         return found[0] if found else None
 
+    def by_key(self, session_id: str, key: str) -> Event | None:
+        found = _events(session_id, self._conn.execute(_Q["key"], {"sid": session_id, "key": key}).all())
+        return found[0] if found else None
+
     def tail(self, session_id: str, *, after: int, before: int | None, limit: int) -> list[Event]:
         params = {"sid": session_id, "after": after, "limit": limit}
         if before is None:
