@@ -117,7 +117,7 @@ class RunStore:
             conn.execute(
                 runs.update()
                 .where(runs.c.run_id == run_id)
-                .values(_finish_values(RunStatus.CANCELLED, None, "cancelled"), epoch=runs.c.epoch + 1)
+                .values({**_finish_values(RunStatus.CANCELLED, None, "cancelled"), "epoch": runs.c.epoch + 1})
             )
             return self._get(conn, run_id)
 
@@ -202,7 +202,7 @@ class RunStore:
 
     def steps(self, run_id: str) -> list[StepRecord]:
         """Every journal entry of a run, in order."""
-        return self.journal(run_id, 1, 2**31 - 1)
+        return self.journal(run_id, 1, 2**31 - 2)
 
     def tool_calls(self, run_id: str) -> list[ToolCall]:
         """Every ledger entry of a run, in order."""
