@@ -245,8 +245,8 @@ def test_step_commits_with_the_state_version_in_one_transaction(database_url: st
     original = store.record_step
     fails = {"two"}
 
-    def failing(conn: sa.Connection, step: StepRecord) -> None:
-        original(conn, step)
+    def failing(conn: sa.Connection, step: StepRecord, epoch: int) -> None:
+        original(conn, step, epoch)
         if step.name in fails:
             raise Crash
 

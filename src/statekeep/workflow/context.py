@@ -21,6 +21,7 @@ from statekeep.errors import InvalidInputError, NonDeterminismError, StepFailedE
 from statekeep.workflow import codec, store
 from statekeep.workflow._types import Checkpoint, Run, StepRecord
 from statekeep.workflow.registry import Step, Tool, Workflow
+from statekeep.working import StateVersion
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -63,8 +64,9 @@ class RunContext:
         self._journal = _Journal(engine, run)
         self._seq = 0
         self._calls = 0
-        self._state: pydantic.BaseModel | None = None
+        self._state: tuple[pydantic.BaseModel, StateVersion] | None = None
         self._cursor: int | None = None
+        self._latest_state = run.state_version
 
     @property
     def run_id(self) -> str:
@@ -118,8 +120,7 @@ class RunContext:
         """Stage a working-state version; it commits with the next step's completion."""
         if self.engine.state_store is None:
             raise InvalidInputError("this engine has no working-state store", field="state")
-        self.engine.state_store.prepare(self.run_id, state)  # validate now, write nothing
-        self._state = state
+        self._state = (state, self.engine.state_store.prepare(self.run_id, state))  # validated; not written
 
     def set_cursor(self, cursor: int) -> None:
         """Stage an opaque context cursor (e.g. an event sequence number) for the next completion."""
@@ -200,7 +201,7 @@ class RunContext:
     def _commit(
         self, seq: int, name: str, kind: str, input_hash: str, output: str, attempt: int, started: datetime
     ) -> Any:
-        with self.engine.store.fenced(self.run_id, self.run.epoch) as conn:
+        with self.engine.store.db.begin() as conn:  # record_step fences the write
             self._write(conn, seq, name, kind, input_hash, output, attempt, started)
         return json.loads(output)
 
@@ -216,7 +217,7 @@ class RunContext:
         started: datetime,
     ) -> None:
         """Write a completion (with staged state and cursor) inside the caller's fenced transaction."""
-        version = self.engine.save_state(conn, self.run_id, self._state)
+        version = self.engine.save_state(conn, self._state, self._latest_state)
         step = StepRecord(
             self.run_id,
             seq,
@@ -230,8 +231,10 @@ class RunContext:
             version,
             self._cursor,
         )
-        store.record_step(conn, step)
+        store.record_step(conn, step, self.run.epoch)
         self._state, self._cursor = None, None
+        if version is not None:
+            self._latest_state = version  # only read again after this transaction commits
 
 
 class AsyncRunContext:

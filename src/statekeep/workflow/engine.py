@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -11,6 +12,7 @@ import uuid
 from typing import Any, ParamSpec, TypeVar
 
 import pydantic
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from statekeep.db import Database
@@ -20,6 +22,7 @@ from statekeep.errors import (
     NonDeterminismError,
     StatekeepError,
     Suspended,
+    VersionConflictError,
     WorkflowVersionError,
 )
 from statekeep.workflow import codec, store
@@ -28,7 +31,7 @@ from statekeep.workflow.context import AsyncRunContext, RunContext
 from statekeep.workflow.gates import WorkflowStore
 from statekeep.workflow.registry import Registry, Workflow
 from statekeep.workflow.tables import runs, steps
-from statekeep.working import WorkingStateStore
+from statekeep.working import StateVersion, WorkingStateStore
 from statekeep.working import sql as working_sql
 from statekeep.working.base import check_run_id
 
@@ -37,6 +40,7 @@ R = TypeVar("R")
 
 #: errors that mean the code, not the run, is wrong: they reach the caller and the run is held back
 _HOLD = (NonDeterminismError, InvalidInputError, WorkflowVersionError)
+_INSERT_VERSION = working_sql.versions.insert()
 
 
 class Engine:
@@ -208,18 +212,32 @@ class Engine:
             )
         return self.registry.get(run.workflow, target)
 
-    def save_state(self, conn: Connection, run_id: str, state: pydantic.BaseModel | None) -> int | None:
+    def save_state(
+        self, conn: Connection, staged: tuple[pydantic.BaseModel, StateVersion] | None, latest: int | None
+    ) -> int | None:
         """Write a staged working state for a completion; return its version (None if none staged).
 
         In the caller's transaction when the stores share a database; otherwise first,
-        in its own, so that the completion can point at it.
+        in its own, so that the completion can point at it. ``latest`` is the version
+        the run last committed, when known: the fenced writer then appends the next
+        one in a single statement (a concurrent foreign write is a conflict).
+
+        Raises:
+            VersionConflictError: someone else appended a version of this run meanwhile.
         """
-        if state is None or self.state_store is None:
+        if staged is None or self.state_store is None:
             return None
-        if self._shared:
-            record = self.state_store.prepare(run_id, state)
+        state, record = staged
+        if not self._shared:
+            return self.state_store.save(record.run_id, state).version
+        if latest is None:
             return working_sql.append(conn, record, None).version
-        return self.state_store.save(run_id, state).version
+        row = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+        try:
+            conn.execute(_INSERT_VERSION, {**row, "version": latest + 1})
+        except sa.exc.IntegrityError as exc:
+            raise VersionConflictError(record.run_id, latest, latest + 1) from exc
+        return latest + 1
 
     def _finish(self, ctx: RunContext, status: RunStatus, output: str | None, error: str | None) -> Run:
         with self.store.fenced(ctx.run_id, ctx.run.epoch) as conn:

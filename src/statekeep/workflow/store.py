@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from statekeep.db import Database
+from statekeep.db.types import UTCDateTime
 from statekeep.errors import LeaseLostError, RunConflictError, RunFinishedError, RunNotFoundError
 from statekeep.workflow import codec
 from statekeep.workflow._types import FINISHED, Checkpoint, Run, RunStatus, StepRecord, ToolCall
@@ -183,8 +184,7 @@ class RunStore:
             LeaseLostError: another worker took the run over; nothing was written.
         """
         with self.db.begin() as conn:
-            q = runs.update().where(runs.c.run_id == run_id, runs.c.epoch == epoch).values(updated_at=now())
-            if conn.execute(q).rowcount != 1:
+            if conn.execute(_FENCE, {"rid": run_id, "ep": epoch, "now": now()}).rowcount != 1:
                 raise LeaseLostError(run_id, epoch)
             yield conn
 
@@ -221,15 +221,35 @@ class RunStore:
 # --- statement functions, run inside a fenced transaction ---------------------------------------
 
 
-def record_step(conn: Connection, step: StepRecord) -> None:
-    """Insert a journal entry and move the run's checkpoint forward."""
-    conn.execute(steps.insert().values({k: getattr(step, k) for k in StepRecord.__slots__}))
-    values: dict[str, Any] = {"last_seq": step.seq}
-    if step.state_version is not None:
-        values["state_version"] = step.state_version
-    if step.cursor is not None:
-        values["cursor"] = step.cursor
-    conn.execute(runs.update().where(runs.c.run_id == step.run_id).values(values))
+# hot statements are built once; values travel as bind parameters (no per-call compilation)
+_FENCE = (
+    runs.update()
+    .where(runs.c.run_id == sa.bindparam("rid"), runs.c.epoch == sa.bindparam("ep"))
+    .values(updated_at=sa.bindparam("now", type_=UTCDateTime))
+)
+_INSERT_STEP = steps.insert()
+_CHECKPOINT = (
+    runs.update()
+    .where(runs.c.run_id == sa.bindparam("rid"), runs.c.epoch == sa.bindparam("ep"))
+    .values(
+        last_seq=sa.bindparam("seq", type_=sa.Integer),
+        state_version=sa.func.coalesce(sa.bindparam("sv", type_=sa.Integer), runs.c.state_version),
+        cursor=sa.func.coalesce(sa.bindparam("cur", type_=sa.BigInteger), runs.c.cursor),
+        updated_at=sa.bindparam("now", type_=UTCDateTime),
+    )
+)
+
+
+def record_step(conn: Connection, step: StepRecord, epoch: int) -> None:
+    """Insert a journal entry and move the run's checkpoint forward, fenced by ``epoch``.
+
+    Raises:
+        LeaseLostError: another worker took the run over; the transaction must roll back.
+    """
+    conn.execute(_INSERT_STEP, {k: getattr(step, k) for k in StepRecord.__slots__})
+    params = {"rid": step.run_id, "ep": epoch, "seq": step.seq, "sv": step.state_version}
+    if conn.execute(_CHECKPOINT, {**params, "cur": step.cursor, "now": step.finished_at}).rowcount != 1:
+        raise LeaseLostError(step.run_id, epoch)
 
 
 def start_call(conn: Connection, run_id: str, seq: int, tool: str, key: str, args: str) -> None:
