@@ -71,7 +71,7 @@ def test_an_event_sent_early_is_kept_until_the_run_waits(make_engine: EngineFact
 
 
 def test_events_to_finished_or_unknown_runs_are_refused(make_engine: EngineFactory, tmp_path: Path) -> None:
-    """Sending to a finished run raises RunFinishedError, to an unknown one RunNotFoundError; bad input raises."""
+    """Events to a finished run raise RunFinishedError, to an unknown one RunNotFoundError."""
     engine = make_engine(waits_registry(tmp_path / "effects"))
     engine.run(engine.registry.get("nap", 1), "done", 0)
     with pytest.raises(RunFinishedError):

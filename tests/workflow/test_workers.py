@@ -63,7 +63,7 @@ def test_four_workers_drain_200_runs_executing_every_step_exactly_once(
 
 
 def test_a_frozen_worker_is_taken_over_and_then_fenced(database_url: str, tmp_path: Path) -> None:
-    """A SIGSTOPped worker loses its lease; another finishes the run; the first's writes are refused on waking."""
+    """A SIGSTOPped worker loses its lease; another finishes the run; the first's writes are refused later."""
     effects, outcome = tmp_path / "effects", tmp_path / "outcome"
     registry = Registry()
 
