@@ -424,3 +424,27 @@ def test_cancel_stops_a_live_run_and_refuses_a_finished_one(make_engine: EngineF
     assert calls == []
     with pytest.raises(RunFinishedError):
         engine.store.cancel("r")
+
+
+def test_a_parent_waits_for_a_waiting_child_and_is_woken_when_it_finishes(make_engine: EngineFactory) -> None:
+    """A child that parks leaves the parent waiting_for_child; the child's completion wakes the parent."""
+    registry = Registry()
+
+    @registry.workflow("napper", version=1)
+    def napper(ctx: RunContext) -> str:
+        ctx.sleep("nap", 0.3)
+        return "awake"
+
+    @registry.workflow("parent", version=1)
+    def parent(ctx: RunContext) -> str:
+        return "child said " + ctx.child(napper, "kid")
+
+    engine = make_engine(registry)
+    assert engine.run(parent, "p").status is RunStatus.WAITING_FOR_CHILD
+    assert engine.store.get("kid").status is RunStatus.SLEEPING
+    import time
+
+    time.sleep(0.35)
+    assert engine.resume("kid").status is RunStatus.COMPLETED
+    assert engine.store.get("p").status is RunStatus.PENDING
+    assert engine.resume("p").output == "child said awake"

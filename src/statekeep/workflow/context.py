@@ -283,6 +283,14 @@ class AsyncRunContext:
         """See :meth:`RunContext.set_state`."""
         self.sync.set_state(state)
 
+    async def state(self, model: type[M]) -> M | None:
+        """Awaitable :meth:`RunContext.state`."""
+        return await asyncio.to_thread(self.sync.state, model)
+
+    def fast_forward(self) -> Checkpoint | None:
+        """See :meth:`RunContext.fast_forward` (no I/O)."""
+        return self.sync.fast_forward()
+
     def set_cursor(self, cursor: int) -> None:
         """See :meth:`RunContext.set_cursor`."""
         self.sync.set_cursor(cursor)

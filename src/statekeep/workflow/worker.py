@@ -6,6 +6,8 @@ import logging
 import threading
 import time
 
+import sqlalchemy as sa
+
 from statekeep.errors import InvalidInputError, LeaseLostError, StatekeepError
 from statekeep.workflow.engine import Engine
 
@@ -42,6 +44,8 @@ class Worker:
                 log.warning("fenced: %s", exc)
             except StatekeepError as exc:
                 log.error("run %s held back: %s", run.run_id, exc)
+            except sa.exc.SQLAlchemyError as exc:  # the lease lapses and another worker retries the run
+                log.warning("run %s interrupted by a database error: %s", run.run_id, exc)
         return len(claimed)
 
     def run(self, *, stop: threading.Event | None = None, idle_exit: float | None = None) -> int:
@@ -49,7 +53,11 @@ class Worker:
         stop = stop or threading.Event()
         handled, delay, idle_since = 0, self.poll, time.monotonic()
         while not stop.is_set():
-            n = self.run_once()
+            try:
+                n = self.run_once()
+            except sa.exc.SQLAlchemyError as exc:  # the database blinked: back off and try again
+                log.warning("claim failed: %s", exc)
+                n = 0
             handled += n
             if n:
                 delay, idle_since = self.poll, time.monotonic()
