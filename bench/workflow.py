@@ -221,6 +221,17 @@ def seed_history(engine: Engine, workflow: str, run_id: str, n: int, input_: dic
             hi = min(n, lo + 4999)
             conn.execute(steps.insert(), [_step_row(run_id, i, now) for i in range(lo, hi + 1)])
             conn.execute(versions.insert(), [_version_row(run_id, i, text, now) for i in range(lo, hi + 1)])
+    settle(engine.store.db)
+
+
+def settle(db: Database) -> None:
+    """After a bulk load: fold SQLite's WAL back, refresh PostgreSQL's statistics."""
+    with db.engine.connect() as conn:
+        if db.name == "sqlite":
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        else:
+            conn.exec_driver_sql("ANALYZE")
+        conn.commit()
 
 
 def _step_row(run_id: str, seq: int, now: datetime) -> dict[str, Any]:

@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 import pydantic
 
-from statekeep.errors import InvalidInputError, NonDeterminismError, StepFailedError, StepOutputError
+from statekeep.errors import (
+    InvalidInputError,
+    NonDeterminismError,
+    StateNotFoundError,
+    StepFailedError,
+    StepOutputError,
+)
 from statekeep.workflow import codec, store
 from statekeep.workflow._types import Checkpoint, Run, StepRecord
 from statekeep.workflow.registry import Step, Tool, Workflow
@@ -130,9 +136,12 @@ class RunContext:
 
     def state(self, model: type[M]) -> M | None:
         """The run's latest committed working state, loaded into ``model`` (None before the first)."""
-        if self.engine.state_store is None or self.engine.state_store.latest_version(self.run_id) == 0:
+        if self.engine.state_store is None:
             return None
-        return self.engine.state_store.load(self.run_id, model)
+        try:  # one indexed lookup of the newest version, however many the run has
+            return self.engine.state_store.load(self.run_id, model)
+        except StateNotFoundError:
+            return None
 
     def fast_forward(self) -> Checkpoint | None:
         """Skip replay: continue after the last completed step, and return that checkpoint.
@@ -217,7 +226,7 @@ class RunContext:
         started: datetime,
     ) -> None:
         """Write a completion (with staged state and cursor) inside the caller's fenced transaction."""
-        version = self.engine.save_state(conn, self._state, self._latest_state)
+        version = self.engine._save_state(conn, self._state, self._latest_state)
         step = StepRecord(
             self.run_id,
             seq,

@@ -212,7 +212,7 @@ class Engine:
             )
         return self.registry.get(run.workflow, target)
 
-    def save_state(
+    def _save_state(
         self, conn: Connection, staged: tuple[pydantic.BaseModel, StateVersion] | None, latest: int | None
     ) -> int | None:
         """Write a staged working state for a completion; return its version (None if none staged).

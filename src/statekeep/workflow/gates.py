@@ -196,6 +196,12 @@ def approval_at(conn: Connection, run_id: str, seq: int, kind: str) -> Approval 
     return None if row is None else codec.approval_record(row)
 
 
+def decided(conn: Connection, approval_id: str) -> bool:
+    """True once an approval is no longer pending (decided or expired)."""
+    q = sa.select(approvals.c.status).where(approvals.c.approval_id == approval_id)
+    return bool(conn.execute(q).scalar_one() != "pending")
+
+
 def open_approval(conn: Connection, fields: dict[str, Any], expires_at: datetime | None) -> str:
     """Insert a pending approval; return its id."""
     approval_id = uuid.uuid4().hex

@@ -164,4 +164,7 @@ def _park(
             detail = {"approval_id": gates.open_approval(conn, *ask)}
         waiting = {**detail, "seq": ctx._seq}
         store.suspend(conn, ctx.run_id, status, wake_at, json.dumps(waiting))
+        # a decision may have landed since we looked: then it found the run running, so wake it here
+        if gates.decided(conn, waiting["approval_id"]):
+            store.wake(conn, ctx.run_id, [status])
     raise Suspended(ctx.run_id, status.value, waiting)
