@@ -448,3 +448,23 @@ def test_a_parent_waits_for_a_waiting_child_and_is_woken_when_it_finishes(make_e
     assert engine.resume("kid").status is RunStatus.COMPLETED
     assert engine.store.get("p").status is RunStatus.PENDING
     assert engine.resume("p").output == "child said awake"
+
+
+def test_bad_step_names_and_queries_are_refused(make_engine: EngineFactory) -> None:
+    """An empty step name raises InvalidInputError and records nothing; bad query arguments raise too."""
+    registry = Registry()
+
+    @registry.workflow("unnamed", version=1)
+    def wf(ctx: RunContext) -> str:
+        return ctx.step("", str, "x")
+
+    engine = make_engine(registry)
+    with pytest.raises(InvalidInputError, match="name"):
+        engine.run(wf, "r")
+    assert engine.store.steps("r") == []
+    with pytest.raises(InvalidInputError, match="limit"):
+        engine.store.list_runs(limit=0)
+    with pytest.raises(InvalidInputError, match="run_id"):
+        engine.store.get("")
+    with pytest.raises(InvalidInputError, match="to_version"):
+        registry.migration("unnamed", from_version=2, to_version=1)

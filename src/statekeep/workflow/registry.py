@@ -162,6 +162,9 @@ class Registry:
         The function gets the run's journal and returns the journal the new code replays
         (return it unchanged when the new code is replay-compatible).
         """
+        _check_name(name)
+        if not all(isinstance(v, int) and v >= 1 for v in (from_version, to_version)):
+            raise InvalidInputError("versions must be ints >= 1", field="from_version")
         if to_version <= from_version:
             raise InvalidInputError("must be greater than from_version", field="to_version")
 

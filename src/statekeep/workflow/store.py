@@ -17,10 +17,17 @@ from sqlalchemy.engine import Connection
 
 from statekeep.db import Database
 from statekeep.db.types import UTCDateTime
-from statekeep.errors import LeaseLostError, RunConflictError, RunFinishedError, RunNotFoundError
+from statekeep.errors import (
+    InvalidInputError,
+    LeaseLostError,
+    RunConflictError,
+    RunFinishedError,
+    RunNotFoundError,
+)
 from statekeep.workflow import codec
 from statekeep.workflow._types import FINISHED, Checkpoint, Run, RunStatus, StepRecord, ToolCall
 from statekeep.workflow.tables import runs, setup, steps, tool_calls
+from statekeep.working.base import check_run_id
 
 LIVE = [s.value for s in RunStatus if s not in FINISHED]
 
@@ -64,6 +71,7 @@ class RunStore:
         Raises:
             RunNotFoundError: no such run.
         """
+        check_run_id(run_id)
         with self.db.read() as conn:
             return self._get(conn, run_id)
 
@@ -88,6 +96,8 @@ class RunStore:
         limit: int = 1000,
     ) -> list[Run]:
         """Runs filtered by status, workflow name or parent, oldest first."""
+        if not isinstance(limit, int) or limit < 1:
+            raise InvalidInputError("must be an int >= 1", field="limit")
         q = sa.select(runs).order_by(runs.c.created_at, runs.c.run_id).limit(limit)
         if status is not None:
             wanted = [status] if isinstance(status, RunStatus) else list(status)
