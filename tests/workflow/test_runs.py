@@ -468,3 +468,41 @@ def test_bad_step_names_and_queries_are_refused(make_engine: EngineFactory) -> N
         engine.store.get("")
     with pytest.raises(InvalidInputError, match="to_version"):
         registry.migration("unnamed", from_version=2, to_version=1)
+
+
+def test_a_database_error_mid_run_leaves_it_resumable_not_failed(make_engine: EngineFactory) -> None:
+    """A storage failure while committing a step raises StorageError; the run is not failed and resumes."""
+    from statekeep.errors import StorageError
+
+    calls: list[str] = []
+    engine = make_engine(counting_registry(calls))
+    original = store.record_step
+
+    def broken(conn: sa.Connection, step: StepRecord, epoch: int) -> None:
+        raise sa.exc.OperationalError("INSERT", {}, Exception("disk I/O error"))
+
+    store.record_step = broken  # type: ignore[assignment]
+    try:
+        with pytest.raises(StorageError, match="disk I/O error"):
+            engine.run(engine.registry.get("three", 1), "r", "a")
+    finally:
+        store.record_step = original  # type: ignore[assignment]
+    assert engine.store.get("r").status is RunStatus.RUNNING
+    assert engine.resume("r").status is RunStatus.COMPLETED
+
+
+def test_async_workflows_refuse_a_private_in_memory_sqlite(tmp_path: Any) -> None:
+    """An async workflow on sqlite:///:memory: raises ConfigError saying to use a file."""
+    from statekeep.errors import ConfigError
+    from statekeep.workflow import Engine
+
+    registry = Registry()
+
+    @registry.workflow("a", version=1)
+    async def awf(ctx: AsyncRunContext) -> int:
+        return await ctx.step("one", int, "1")
+
+    engine = Engine("sqlite:///:memory:", registry)
+    with pytest.raises(ConfigError, match="SQLite file"):
+        engine.run(awf, "r")
+    assert engine.store.steps("r") == []

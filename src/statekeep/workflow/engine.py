@@ -16,11 +16,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from statekeep.db import Database
+from statekeep.db.engine import storage_error
 from statekeep.errors import (
+    ConfigError,
     InvalidInputError,
     LeaseLostError,
     NonDeterminismError,
     StatekeepError,
+    StorageError,
     Suspended,
     VersionConflictError,
     WorkflowVersionError,
@@ -39,7 +42,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 #: errors that mean the code, not the run, is wrong: they reach the caller and the run is held back
-_HOLD = (NonDeterminismError, InvalidInputError, WorkflowVersionError)
+_HOLD = (NonDeterminismError, InvalidInputError, WorkflowVersionError, ConfigError)
 _INSERT_VERSION = working_sql.versions.insert()
 
 
@@ -127,6 +130,10 @@ class Engine:
             except (LeaseLostError, *_HOLD) as exc:
                 self._hold(run, exc)
                 raise
+            except StorageError:  # infrastructure, not the run: the lease lapses and it is retried
+                raise
+            except sa.exc.SQLAlchemyError as exc:
+                raise storage_error(exc, f"executing run {run.run_id!r}") from exc
             except Exception as exc:
                 return self._finish(ctx, RunStatus.FAILED, None, f"{type(exc).__name__}: {exc}")
             try:
@@ -260,6 +267,10 @@ def _invoke(ctx: RunContext, workflow: Workflow[Any, Any], stored: dict[str, Any
     args, kwargs = stored["args"], stored["kwargs"]
     if not workflow.is_async:
         return workflow.fn(ctx, *args, **kwargs)
+    db = ctx.engine.store.db
+    if db.name == "sqlite" and db.url.database in (None, "", ":memory:"):
+        # each thread would see its own empty in-memory database
+        raise ConfigError(db.setting, str(db.url), "async workflows need a SQLite file, not :memory:")
 
     async def _main() -> Any:
         ctx.loop = asyncio.get_running_loop()

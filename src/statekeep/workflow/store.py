@@ -256,10 +256,11 @@ def record_step(conn: Connection, step: StepRecord, epoch: int) -> None:
     Raises:
         LeaseLostError: another worker took the run over; the transaction must roll back.
     """
-    conn.execute(_INSERT_STEP, {k: getattr(step, k) for k in StepRecord.__slots__})
     params = {"rid": step.run_id, "ep": epoch, "seq": step.seq, "sv": step.state_version}
+    # the fence first: a stale worker must hear "lease lost", not trip over the new owner's journal
     if conn.execute(_CHECKPOINT, {**params, "cur": step.cursor, "now": step.finished_at}).rowcount != 1:
         raise LeaseLostError(step.run_id, epoch)
+    conn.execute(_INSERT_STEP, {k: getattr(step, k) for k in StepRecord.__slots__})
 
 
 def start_call(conn: Connection, run_id: str, seq: int, tool: str, key: str, args: str) -> None:

@@ -43,7 +43,7 @@ class Worker:
             except LeaseLostError as exc:
                 log.warning("fenced: %s", exc)
             except StatekeepError as exc:
-                log.error("run %s held back: %s", run.run_id, exc)
+                log.error("run %s stopped: %s", run.run_id, exc)
             except sa.exc.SQLAlchemyError as exc:  # the lease lapses and another worker retries the run
                 log.warning("run %s interrupted by a database error: %s", run.run_id, exc)
         return len(claimed)
