@@ -141,6 +141,138 @@ class WorkflowError(StatekeepError):
     """Base of the workflow store's errors."""
 
 
+class UnknownWorkflowError(WorkflowError, LookupError):
+    """No workflow (or tool) with this name and version is registered."""
+
+    def __init__(self, kind: str, name: str, version: int | None = None) -> None:
+        self.kind = kind
+        self.name = name
+        self.version = version
+        what = name if version is None else f"{name} v{version}"
+        super().__init__(f"no {kind} {what!r} is registered")
+
+
+class StepOutputError(InvalidInputError):
+    """A step (or tool) returned a value that does not survive a JSON round trip."""
+
+    def __init__(self, run_id: str, step: str, reason: str) -> None:
+        self.run_id = run_id
+        self.step = step
+        self.reason = reason
+        super().__init__(f"run {run_id!r}, step {step!r}: output is not JSON: {reason}", field="output")
+
+
+class NonDeterminismError(WorkflowError):
+    """Replay asked for a different step than the journal recorded at that position."""
+
+    def __init__(self, run_id: str, seq: int, recorded: str, requested: str) -> None:
+        self.run_id = run_id
+        self.seq = seq
+        self.recorded = recorded
+        self.requested = requested
+        super().__init__(
+            f"run {run_id!r}: non-deterministic replay at step #{seq}: the journal recorded "
+            f"{recorded!r} but the workflow now asks for {requested!r}"
+        )
+
+
+class WorkflowVersionError(WorkflowError):
+    """A run was started under a workflow version this code cannot run or migrate."""
+
+    def __init__(self, run_id: str, workflow: str, stored: int, available: list[int]) -> None:
+        self.run_id = run_id
+        self.workflow = workflow
+        self.stored = stored
+        self.available = available
+        super().__init__(
+            f"run {run_id!r} was started under {workflow!r} v{stored}; this code registers "
+            f"versions {available} and no migration from v{stored}"
+        )
+
+
+class StepFailedError(WorkflowError):
+    """A step raised on every attempt its retry policy allowed."""
+
+    def __init__(self, run_id: str, step: str, seq: int, attempts: int, error: str) -> None:
+        self.run_id = run_id
+        self.step = step
+        self.seq = seq
+        self.attempts = attempts
+        self.error = error
+        super().__init__(
+            f"run {run_id!r}: step {step!r} (#{seq}) failed after {attempts} attempt(s): {error}"
+        )
+
+
+class ChildRunFailedError(WorkflowError):
+    """A child run ended failed or cancelled, so the parent's step cannot return its result."""
+
+    def __init__(self, run_id: str, child_id: str, status: str, error: str | None) -> None:
+        self.run_id = run_id
+        self.child_id = child_id
+        self.status = status
+        self.error = error
+        super().__init__(f"run {run_id!r}: child run {child_id!r} ended {status}: {error}")
+
+
+class LeaseLostError(ConflictError):
+    """Fencing: another worker took the run over (a newer epoch); this write was refused."""
+
+    def __init__(self, run_id: str, epoch: int) -> None:
+        self.run_id = run_id
+        self.epoch = epoch
+        super().__init__(f"run {run_id!r}: lease epoch {epoch} is stale; another worker owns the run")
+
+
+class RunFinishedError(WorkflowError):
+    """The operation needs a live run, but the run has finished."""
+
+    def __init__(self, run_id: str, status: str, action: str) -> None:
+        self.run_id = run_id
+        self.status = status
+        self.action = action
+        super().__init__(f"run {run_id!r} is {status}: cannot {action}")
+
+
+class ApprovalNotFoundError(NotFoundError):
+    """No approval has this id."""
+
+    def __init__(self, approval_id: str) -> None:
+        self.approval_id = approval_id
+        super().__init__(f"no approval with id {approval_id!r}")
+
+
+class ApprovalDecidedError(ConflictError):
+    """A second decision on an approval that is no longer pending. Nothing was written."""
+
+    def __init__(self, approval_id: str, status: str) -> None:
+        self.approval_id = approval_id
+        self.status = status
+        super().__init__(f"approval {approval_id!r} is already {status}; a decision is recorded once")
+
+
+class ApprovalError(WorkflowError):
+    """A gated action may not run: rejected, expired, or its arguments changed."""
+
+    def __init__(self, approval_id: str, action: str, reason: str) -> None:
+        self.approval_id = approval_id
+        self.action = action
+        self.reason = reason
+        super().__init__(f"approval {approval_id!r} for {action!r}: {reason}")
+
+
+class ApprovalRejectedError(ApprovalError):
+    """A person rejected the gated action."""
+
+
+class ApprovalExpiredError(ApprovalError):
+    """The approval expired before a decision (or before the run resumed): it fails closed."""
+
+
+class ApprovalMismatchError(ApprovalError):
+    """The call about to be made differs from the one approved (hash mismatch)."""
+
+
 # --- store 1: context -------------------------------------------------------------------
 
 

@@ -38,6 +38,14 @@ class Dialect:
         """Execution options for a connection that will write."""
         return {}
 
+    def claim(self, query: sa.Select[Any]) -> sa.Select[Any]:
+        """Make a SELECT of rows a worker is about to claim safe against other workers.
+
+        The base (SQLite) needs nothing: write transactions begin IMMEDIATE, so a
+        claim already holds the database's only write lock.
+        """
+        return query
+
 
 class SQLiteDialect(Dialect):
     """SQLite: WAL, full fsync, and ``BEGIN IMMEDIATE`` for write transactions.
@@ -85,6 +93,10 @@ class PostgresDialect(Dialect):
 
     def insert(self, table: sa.Table) -> Any:
         return postgresql.insert(table)
+
+    def claim(self, query: sa.Select[Any]) -> sa.Select[Any]:
+        """``FOR UPDATE SKIP LOCKED``: concurrent workers claim disjoint rows without waiting."""
+        return query.with_for_update(skip_locked=True)
 
 
 def _lock_id(key: str) -> int:

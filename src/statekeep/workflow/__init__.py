@@ -1,0 +1,48 @@
+"""Store 3: durable runs, the step journal, the tool-call ledger, approvals, waits and workers.
+
+Example:
+    >>> from statekeep.workflow import Engine, Registry, RunContext
+    >>> registry = Registry()
+    >>> @registry.workflow("count", version=1)
+    ... def count(ctx: RunContext, n: int) -> int:
+    ...     return sum(ctx.step(f"add-{i}", lambda i=i: i) for i in range(n))
+    >>> Engine("sqlite:///:memory:", registry).run(count, "count-3", 3).output
+    3
+"""
+
+from statekeep.workflow._types import (
+    Approval,
+    Checkpoint,
+    Reconciliation,
+    RetryPolicy,
+    Run,
+    RunStatus,
+    StepRecord,
+    ToolCall,
+)
+from statekeep.workflow.context import AsyncRunContext, RunContext
+from statekeep.workflow.engine import Engine
+from statekeep.workflow.gates import WorkflowStore
+from statekeep.workflow.registry import Reconciler, Registry, Step, Tool, Workflow
+from statekeep.workflow.worker import Worker
+
+__all__ = [
+    "Approval",
+    "AsyncRunContext",
+    "Checkpoint",
+    "Engine",
+    "Reconciler",
+    "Reconciliation",
+    "Registry",
+    "RetryPolicy",
+    "Run",
+    "RunContext",
+    "RunStatus",
+    "Step",
+    "StepRecord",
+    "Tool",
+    "ToolCall",
+    "Worker",
+    "Workflow",
+    "WorkflowStore",
+]

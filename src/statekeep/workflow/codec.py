@@ -1,0 +1,115 @@
+"""Pure JSON helpers: exact encoding, stable hashes, row-to-record mapping."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from sqlalchemy.engine import RowMapping
+
+from statekeep.workflow._types import Approval, Run, RunStatus, StepRecord, ToolCall
+
+
+class NotJSONError(ValueError):
+    """Internal: a value does not survive a JSON round trip (callers wrap it)."""
+
+
+def to_json(value: Any) -> str:
+    """Encode ``value`` as compact JSON, refusing anything that would not decode back equal.
+
+    Tuples, non-string keys, NaN and arbitrary objects are refused, so what a
+    replay returns is exactly what the first execution returned.
+    """
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise NotJSONError(str(exc)) from exc
+    if json.loads(text) != value or not _same_shape(json.loads(text), value):
+        raise NotJSONError(f"{type(value).__name__} value does not survive a JSON round trip unchanged")
+    return text
+
+
+def _same_shape(decoded: Any, value: Any) -> bool:
+    """Equality misses tuple-vs-list and int-vs-bool; compare container types too."""
+    if isinstance(value, bool) or isinstance(decoded, bool):
+        return type(decoded) is type(value)
+    if isinstance(value, dict):
+        return isinstance(decoded, dict) and all(_same_shape(decoded[k], v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return type(value) is list and all(_same_shape(d, v) for d, v in zip(decoded, value, strict=True))
+    return True
+
+
+def digest(value: Any) -> str:
+    """A stable sha256 of a JSON value (keys sorted)."""
+    text = json.dumps(value, sort_keys=True, allow_nan=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def loose_digest(value: Any) -> str:
+    """A sha256 of any value: JSON where possible, ``repr`` for the rest (for journal input hashes)."""
+    text = json.dumps(value, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def loads(text: str | None) -> Any:
+    """Decode stored JSON text (None stays None)."""
+    return None if text is None else json.loads(text)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def run_record(row: RowMapping) -> Run:
+    """Map a ``runs`` row onto a :class:`Run`."""
+    return Run(
+        run_id=row["run_id"],
+        workflow=row["workflow"],
+        version=row["version"],
+        status=RunStatus(row["status"]),
+        input=_loads(row["input"]),
+        output=_loads(row["output"]),
+        error=row["error"],
+        parent_id=row["parent_id"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        finished_at=row["finished_at"],
+        epoch=row["epoch"],
+        lease_owner=row["lease_owner"],
+        state_version=row["state_version"],
+        cursor=row["cursor"],
+        last_seq=row["last_seq"],
+        waiting=_loads(row["waiting"]),
+    )
+
+
+def step_record(row: RowMapping) -> StepRecord:
+    """Map a ``steps`` row onto a :class:`StepRecord`."""
+    return StepRecord(**{k: row[k] for k in StepRecord.__slots__})
+
+
+def tool_call_record(row: RowMapping) -> ToolCall:
+    """Map a ``tool_calls`` row onto a :class:`ToolCall`."""
+    args = json.loads(row["args"])
+    return ToolCall(
+        run_id=row["run_id"],
+        seq=row["seq"],
+        tool=row["tool"],
+        key=row["key"],
+        args=args["args"],
+        kwargs=args["kwargs"],
+        status=row["status"],
+        result=_loads(row["result"]),
+        started_at=row["started_at"],
+        completed_at=row["completed_at"],
+    )
+
+
+def approval_record(row: RowMapping) -> Approval:
+    """Map an ``approvals`` row onto an :class:`Approval`."""
+    values = {k: row[k] for k in Approval.__slots__}
+    values["args"] = json.loads(row["args"])
+    values["result"] = _loads(row["result"])
+    return Approval(**values)

@@ -1,0 +1,306 @@
+"""The engine: start, resume and execute runs of registered workflows, under a fenced lease."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import socket
+import threading
+import uuid
+from typing import Any, ParamSpec, TypeVar
+
+import pydantic
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from statekeep.db import Database
+from statekeep.db.engine import storage_error
+from statekeep.errors import (
+    ConfigError,
+    InvalidInputError,
+    LeaseLostError,
+    NonDeterminismError,
+    StatekeepError,
+    StorageError,
+    Suspended,
+    VersionConflictError,
+    WorkflowVersionError,
+)
+from statekeep.workflow import codec, store
+from statekeep.workflow._types import FINISHED, Run, RunStatus
+from statekeep.workflow.context import AsyncRunContext, RunContext
+from statekeep.workflow.gates import WorkflowStore
+from statekeep.workflow.registry import Registry, Workflow
+from statekeep.workflow.tables import runs, steps
+from statekeep.working import StateVersion, WorkingStateStore
+from statekeep.working import sql as working_sql
+from statekeep.working.base import check_run_id
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: errors that mean the code, not the run, is wrong: they reach the caller and the run is held back
+_HOLD = (NonDeterminismError, InvalidInputError, WorkflowVersionError, ConfigError)
+_INSERT_VERSION = working_sql.versions.insert()
+
+
+class Engine:
+    """Runs registered workflows durably: every step commits before the next starts.
+
+    Share one :class:`~statekeep.db.Database` with a
+    :class:`~statekeep.working.SQLWorkingStateStore` and each step's completion
+    commits in the same transaction as the state version it produced.
+
+    Example:
+        >>> from statekeep.workflow import Registry, RunContext
+        >>> registry = Registry()
+        >>> @registry.workflow("greet", version=1)
+        ... def greet(ctx: RunContext, name: str) -> str:
+        ...     return ctx.step("shout", str.upper, name)
+        >>> engine = Engine("sqlite:///:memory:", registry)
+        >>> engine.run(greet, "greet-ada", "ada").output
+        'ADA'
+    """
+
+    def __init__(
+        self,
+        db: Database | str,
+        registry: Registry,
+        *,
+        state_store: WorkingStateStore | None = None,
+        owner: str | None = None,
+        lease: float = 30.0,
+    ) -> None:
+        if not isinstance(lease, int | float) or lease <= 0:
+            raise InvalidInputError("must be a number of seconds > 0", field="lease")
+        self.store = WorkflowStore(db)
+        self.registry = registry
+        self.state_store = state_store
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.lease = float(lease)
+        self._shared = (
+            isinstance(state_store, working_sql.SQLWorkingStateStore) and state_store.db is self.store.db
+        )
+
+    # --- entry points ---------------------------------------------------------------------
+
+    def start(self, workflow: Workflow[P, R], run_id: str, /, *args: P.args, **kwargs: P.kwargs) -> Run:
+        """Record a run as pending, for a worker to execute; return it (existing or new).
+
+        Raises:
+            InvalidInputError: bad run id or non-JSON input; nothing was written.
+            RunConflictError: the id belongs to another workflow or input.
+        """
+        return self._open(workflow, run_id, args, kwargs)
+
+    def run(self, workflow: Workflow[P, R], run_id: str, /, *args: P.args, **kwargs: P.kwargs) -> Run:
+        """Start or resume a run and execute it here until it finishes or waits.
+
+        Raises:
+            InvalidInputError: bad run id or non-JSON input; nothing was written.
+            RunConflictError: the id belongs to another workflow or input.
+            NonDeterminismError, StepOutputError, WorkflowVersionError: the code is wrong for this run.
+        """
+        return self._take_and_execute(self._open(workflow, run_id, args, kwargs))
+
+    def resume(self, run_id: str) -> Run:
+        """Resume a run by id alone, here (taking it over from any other holder).
+
+        Raises:
+            RunNotFoundError: no run has this id (never a silent new run).
+            WorkflowVersionError: the run's version is neither registered nor migratable.
+        """
+        return self._take_and_execute(self.store.get(check_run_id(run_id)))
+
+    async def arun(self, workflow: Workflow[P, R], run_id: str, /, *args: P.args, **kwargs: P.kwargs) -> Run:
+        """Awaitable :meth:`run`, for callers inside an event loop."""
+        return await asyncio.to_thread(self.run, workflow, run_id, *args, **kwargs)
+
+    def execute(self, run: Run) -> Run:
+        """Execute a run this engine already holds the lease of (a worker's claim)."""
+        workflow = self._resolve(run)
+        ctx = RunContext(self, run, workflow)
+        with _Heartbeat(self, run):
+            try:
+                output = _invoke(ctx, workflow, run.input)
+            except Suspended:
+                return self.store.get(run.run_id)
+            except (LeaseLostError, *_HOLD) as exc:
+                self._hold(run, exc)
+                raise
+            except StorageError:  # infrastructure, not the run: the lease lapses and it is retried
+                raise
+            except sa.exc.SQLAlchemyError as exc:
+                raise storage_error(exc, f"executing run {run.run_id!r}") from exc
+            except Exception as exc:
+                return self._finish(ctx, RunStatus.FAILED, None, f"{type(exc).__name__}: {exc}")
+            try:
+                encoded = codec.to_json(output)
+            except codec.NotJSONError as exc:
+                return self._finish(ctx, RunStatus.FAILED, None, f"workflow output is not JSON: {exc}")
+            return self._finish(ctx, RunStatus.COMPLETED, encoded, None)
+
+    def held_back(self) -> list[Run]:
+        """Live runs this code cannot continue: unknown or unmigratable versions, or held by an error."""
+        live = [s for s in RunStatus if s not in FINISHED]
+        runnable = set(self.registry.runnable())
+        return [
+            r
+            for r in self.store.list_runs(status=live, limit=100_000)
+            if (r.workflow, r.version) not in runnable or (r.waiting or {}).get("held")
+        ]
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _open(
+        self,
+        workflow: Workflow[Any, Any],
+        run_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        parent_id: str | None = None,
+    ) -> Run:
+        check_run_id(run_id)
+        if not isinstance(workflow, Workflow):
+            raise InvalidInputError(
+                f"expected a registered Workflow, got {type(workflow).__name__}", field="workflow"
+            )
+        payload = {"args": list(args), "kwargs": kwargs}
+        try:
+            text = codec.to_json(payload)
+        except codec.NotJSONError as exc:
+            raise InvalidInputError(f"workflow input is not JSON: {exc}", field="input") from exc
+        state = workflow.state
+        return self.store.open_run(
+            {
+                "run_id": run_id,
+                "workflow": workflow.name,
+                "version": workflow.version,
+                "input": text,
+                "input_hash": codec.digest(payload),
+                "status": RunStatus.PENDING.value,
+                "runnable_at": store.now(),
+                "parent_id": parent_id,
+                "state_schema": None
+                if state is None
+                else getattr(state, "state_schema", "") or state.__name__,
+                "state_schema_version": None if state is None else getattr(state, "state_version", 1),
+            }
+        )
+
+    def _take_and_execute(self, run: Run) -> Run:
+        if run.status.finished:
+            return run
+        self._resolve(run)  # fail before taking the lease when the version cannot run
+        return self.execute(self.store.acquire(run.run_id, self.owner, self.lease))
+
+    def _resolve(self, run: Run) -> Workflow[Any, Any]:
+        """The workflow code for a run, migrating its journal to a newer version if needed."""
+        if (run.workflow, run.version) in self.registry.workflows:
+            return self.registry.get(run.workflow, run.version)
+        path = self.registry.migration_path(run.workflow, run.version)
+        if path is None:
+            raise WorkflowVersionError(
+                run.run_id, run.workflow, run.version, self.registry.versions(run.workflow)
+            )
+        target, chain = path
+        journal = self.store.steps(run.run_id)
+        for migrate in chain:
+            journal = migrate(journal)
+        with self.store.fenced(run.run_id, run.epoch) as conn:
+            conn.execute(steps.delete().where(steps.c.run_id == run.run_id))
+            for step in journal:
+                conn.execute(steps.insert().values({k: getattr(step, k) for k in step.__slots__}))
+            last = max((s.seq for s in journal), default=0)
+            conn.execute(
+                runs.update().where(runs.c.run_id == run.run_id).values(version=target, last_seq=last)
+            )
+        return self.registry.get(run.workflow, target)
+
+    def _save_state(
+        self, conn: Connection, staged: tuple[pydantic.BaseModel, StateVersion] | None, latest: int | None
+    ) -> int | None:
+        """Write a staged working state for a completion; return its version (None if none staged).
+
+        In the caller's transaction when the stores share a database; otherwise first,
+        in its own, so that the completion can point at it. ``latest`` is the version
+        the run last committed, when known: the fenced writer then appends the next
+        one in a single statement (a concurrent foreign write is a conflict).
+
+        Raises:
+            VersionConflictError: someone else appended a version of this run meanwhile.
+        """
+        if staged is None or self.state_store is None:
+            return None
+        state, record = staged
+        if not self._shared:
+            return self.state_store.save(record.run_id, state).version
+        if latest is None:
+            return working_sql.append(conn, record, None).version
+        row = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+        try:
+            conn.execute(_INSERT_VERSION, {**row, "version": latest + 1})
+        except sa.exc.IntegrityError as exc:
+            raise VersionConflictError(record.run_id, latest, latest + 1) from exc
+        return latest + 1
+
+    def _finish(self, ctx: RunContext, status: RunStatus, output: str | None, error: str | None) -> Run:
+        with self.store.fenced(ctx.run_id, ctx.run.epoch) as conn:
+            store.finish(conn, ctx.run, status, output, error)
+        return self.store.get(ctx.run_id)
+
+    def _hold(self, run: Run, exc: BaseException) -> None:
+        """Park a run the code cannot continue, so workers stop picking it up; a resume retries."""
+        if isinstance(exc, LeaseLostError):
+            return
+        try:
+            with self.store.fenced(run.run_id, run.epoch) as conn:
+                held = json.dumps({"held": f"{type(exc).__name__}: {exc}"})
+                store.suspend(conn, run.run_id, RunStatus.PENDING, None, held)
+        except LeaseLostError:
+            pass
+
+
+def _invoke(ctx: RunContext, workflow: Workflow[Any, Any], stored: dict[str, Any]) -> Any:
+    args, kwargs = stored["args"], stored["kwargs"]
+    if not workflow.is_async:
+        return workflow.fn(ctx, *args, **kwargs)
+    db = ctx.engine.store.db
+    if db.name == "sqlite" and db.url.database in (None, "", ":memory:"):
+        # each thread would see its own empty in-memory database
+        raise ConfigError(db.setting, str(db.url), "async workflows need a SQLite file, not :memory:")
+
+    async def _main() -> Any:
+        ctx.loop = asyncio.get_running_loop()
+        return await workflow.fn(AsyncRunContext(ctx), *args, **kwargs)
+
+    return asyncio.run(_main())
+
+
+class _Heartbeat:
+    """Extends a run's lease every third of its length while the run executes here."""
+
+    def __init__(self, engine: Engine, run: Run) -> None:
+        self._engine, self._run = engine, run
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True, name=f"lease-{run.run_id}")
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._engine.lease / 3):
+            try:
+                if not self._engine.store.heartbeat(self._run.run_id, self._run.epoch, self._engine.lease):
+                    return  # taken over; our next write will be refused by the fence
+            except StatekeepError:
+                continue
+            except Exception:  # a transient database error must not kill the lease thread
+                continue

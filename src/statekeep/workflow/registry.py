@@ -1,0 +1,218 @@
+"""The registry: workflows (name + version), tools (with an optional reconciler), migrations."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
+
+import pydantic
+
+from statekeep.errors import InvalidInputError, UnknownWorkflowError
+from statekeep.workflow._types import Reconciliation, RetryPolicy, StepRecord, ToolCall
+
+if TYPE_CHECKING:
+    from statekeep.workflow.context import AsyncRunContext, RunContext
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: A journal migration: rewrite a run's journal so that the new version's code replays it.
+JournalMigration = Callable[[list[StepRecord]], list[StepRecord]]
+
+
+class Reconciler(Protocol):
+    """Decides whether an ambiguous tool call (started, never completed) actually happened."""
+
+    def __call__(self, call: ToolCall) -> Reconciliation: ...
+
+
+@dataclass(frozen=True)
+class Workflow(Generic[P, R]):
+    """A registered workflow function. Start it with :meth:`Engine.run`."""
+
+    name: str
+    version: int
+    fn: Callable[..., Any]
+    retry: RetryPolicy
+    state: type[pydantic.BaseModel] | None
+
+    @property
+    def is_async(self) -> bool:
+        """True for an ``async def`` workflow (it receives an :class:`AsyncRunContext`)."""
+        return inspect.iscoroutinefunction(self.fn)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """An approval a person must give before a tool call runs."""
+
+    reason: str
+    expires_in: timedelta | None = None
+
+
+@dataclass(frozen=True)
+class Tool(Generic[P, R]):
+    """A side-effecting function called through the ledger. Its first argument is the idempotency key."""
+
+    name: str
+    fn: Callable[..., Any]
+    reconciler: Reconciler | None = None
+    gate: Gate | None = None
+
+    def requiring_approval(self, reason: str, *, expires_in: timedelta | None = None) -> Tool[P, R]:
+        """The same tool, gated: each call waits for a person's approval of its exact arguments.
+
+        Example:
+            >>> # ctx.call_tool(refund.requiring_approval("over 100 EUR"), order_id, amount)
+        """
+        if not isinstance(reason, str) or not reason:
+            raise InvalidInputError("must say why approval is needed", field="reason")
+        return dataclasses.replace(self, gate=Gate(reason, expires_in))
+
+
+@dataclass(frozen=True)
+class Step:
+    """Options of one step: its journal name and retry policy (``ctx.step(Step(...), fn, ...)``)."""
+
+    name: str
+    retry: RetryPolicy | None = None
+
+
+class _WorkflowDecorator:
+    def __init__(self, registry: Registry, name: str, version: int, retry: RetryPolicy, state: Any) -> None:
+        self._args = (registry, name, version, retry, state)
+
+    @overload
+    def __call__(
+        self, fn: Callable[Concatenate[AsyncRunContext, P], Coroutine[Any, Any, R]]
+    ) -> Workflow[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[Concatenate[RunContext, P], R]) -> Workflow[P, R]: ...
+    def __call__(self, fn: Callable[..., Any]) -> Workflow[Any, Any]:
+        registry, name, version, retry, state = self._args
+        workflow: Workflow[Any, Any] = Workflow(name, version, fn, retry, state)
+        registry._add(workflow)
+        return workflow
+
+
+class _ToolDecorator:
+    def __init__(self, registry: Registry, name: str | None, reconciler: Reconciler | None) -> None:
+        self._args = (registry, name, reconciler)
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[str, P], Coroutine[Any, Any, R]]) -> Tool[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[Concatenate[str, P], R]) -> Tool[P, R]: ...
+    def __call__(self, fn: Callable[..., Any]) -> Tool[Any, Any]:
+        registry, name, reconciler = self._args
+        tool: Tool[Any, Any] = Tool(name or fn.__name__, fn, reconciler)
+        registry.tools[tool.name] = tool
+        return tool
+
+
+class Registry:
+    """Workflows by name and version, tools by name, and journal migrations between versions.
+
+    Example:
+        >>> registry = Registry()
+        >>> @registry.workflow("hello", version=1)
+        ... def hello(ctx, name: str) -> str:
+        ...     return ctx.step("greet", str.upper, name)
+        >>> registry.get("hello", 1).version
+        1
+    """
+
+    def __init__(self) -> None:
+        self.workflows: dict[tuple[str, int], Workflow[Any, Any]] = {}
+        self.tools: dict[str, Tool[Any, Any]] = {}
+        self.migrations: dict[tuple[str, int], tuple[int, JournalMigration]] = {}
+
+    def workflow(
+        self,
+        name: str,
+        *,
+        version: int = 1,
+        retry: RetryPolicy | None = None,
+        state: type[pydantic.BaseModel] | None = None,
+    ) -> _WorkflowDecorator:
+        """Register a workflow function (plain or ``async``) under ``name`` and ``version``.
+
+        ``retry`` is the default policy of its steps; ``state`` the working-state model it keeps.
+        """
+        _check_name(name)
+        if not isinstance(version, int) or version < 1:
+            raise InvalidInputError("must be an int >= 1", field="version")
+        return _WorkflowDecorator(self, name, version, retry or RetryPolicy(), state)
+
+    def tool(self, name: str | None = None, *, reconciler: Reconciler | None = None) -> _ToolDecorator:
+        """Register a tool; ``reconciler`` settles its ambiguous calls after a crash."""
+        if name is not None:
+            _check_name(name)
+        return _ToolDecorator(self, name, reconciler)
+
+    def migration(
+        self, name: str, *, from_version: int, to_version: int
+    ) -> Callable[[JournalMigration], JournalMigration]:
+        """Register how runs of ``name`` started under ``from_version`` continue under ``to_version``.
+
+        The function gets the run's journal and returns the journal the new code replays
+        (return it unchanged when the new code is replay-compatible).
+        """
+        _check_name(name)
+        if not all(isinstance(v, int) and v >= 1 for v in (from_version, to_version)):
+            raise InvalidInputError("versions must be ints >= 1", field="from_version")
+        if to_version <= from_version:
+            raise InvalidInputError("must be greater than from_version", field="to_version")
+
+        def _register(fn: JournalMigration) -> JournalMigration:
+            self.migrations[(name, from_version)] = (to_version, fn)
+            return fn
+
+        return _register
+
+    def _add(self, workflow: Workflow[Any, Any]) -> None:
+        key = (workflow.name, workflow.version)
+        if key in self.workflows and self.workflows[key].fn is not workflow.fn:
+            raise InvalidInputError(
+                f"{workflow.name!r} v{workflow.version} is registered twice", field="version"
+            )
+        self.workflows[key] = workflow
+
+    def get(self, name: str, version: int) -> Workflow[Any, Any]:
+        """The workflow registered under ``name`` and ``version``.
+
+        Raises:
+            UnknownWorkflowError: nothing is registered under that name and version.
+        """
+        try:
+            return self.workflows[(name, version)]
+        except KeyError:
+            raise UnknownWorkflowError("workflow", name, version) from None
+
+    def versions(self, name: str) -> list[int]:
+        """Registered versions of a workflow, ascending."""
+        return sorted(v for n, v in self.workflows if n == name)
+
+    def migration_path(self, name: str, version: int) -> tuple[int, list[JournalMigration]] | None:
+        """The registered version a run of ``version`` can reach, and the migrations on the way."""
+        chain: list[JournalMigration] = []
+        while (name, version) not in self.workflows:
+            if (name, version) not in self.migrations:
+                return None
+            version, fn = self.migrations[(name, version)]
+            chain.append(fn)
+        return version, chain
+
+    def runnable(self) -> list[tuple[str, int]]:
+        """Every (workflow, version) a worker with this registry can run, directly or by migration."""
+        sources = set(self.workflows) | set(self.migrations)
+        return sorted(k for k in sources if self.migration_path(*k) is not None)
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name or len(name) > 255:
+        raise InvalidInputError("must be a non-empty string of at most 255 characters", field="name")

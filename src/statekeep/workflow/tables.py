@@ -1,0 +1,116 @@
+"""The workflow store's schema: one MetaData, its own SQL schema, numbered migrations."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from statekeep.db import Database, Migration, upgrade
+from statekeep.db.migrations import create_tables
+from statekeep.db.types import UTCDateTime
+
+SCHEMA = "statekeep_workflow"
+metadata = sa.MetaData(schema=SCHEMA)
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("run_id", sa.String(255), primary_key=True),
+    sa.Column("workflow", sa.String(255), nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("input", sa.Text, nullable=False),
+    sa.Column("input_hash", sa.String(64), nullable=False),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("output", sa.Text),
+    sa.Column("error", sa.Text),
+    sa.Column("parent_id", sa.String(255), index=True),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+    sa.Column("finished_at", UTCDateTime),
+    # when a worker may pick the run up; NULL while it waits on a person or has finished
+    sa.Column("runnable_at", UTCDateTime, index=True),
+    sa.Column("lease_owner", sa.String(255)),
+    sa.Column("lease_expires_at", UTCDateTime),
+    sa.Column("epoch", sa.Integer, nullable=False, default=0),
+    sa.Column("state_schema", sa.String(255)),
+    sa.Column("state_schema_version", sa.Integer),
+    sa.Column("state_version", sa.Integer),
+    sa.Column("cursor", sa.BigInteger),
+    sa.Column("last_seq", sa.Integer, nullable=False, default=0),
+    sa.Column("waiting", sa.Text),
+)
+
+steps = sa.Table(
+    "steps",
+    metadata,
+    sa.Column("run_id", sa.String(255), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("name", sa.String(255), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("input_hash", sa.String(64), nullable=False),
+    sa.Column("output", sa.Text, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("started_at", UTCDateTime, nullable=False),
+    sa.Column("finished_at", UTCDateTime, nullable=False),
+    sa.Column("state_version", sa.Integer),
+    sa.Column("cursor", sa.BigInteger),
+)
+
+tool_calls = sa.Table(
+    "tool_calls",
+    metadata,
+    sa.Column("run_id", sa.String(255), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("tool", sa.String(255), nullable=False),
+    sa.Column("key", sa.String(400), nullable=False, unique=True),
+    sa.Column("args", sa.Text, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("result", sa.Text),
+    sa.Column("started_at", UTCDateTime, nullable=False),
+    sa.Column("completed_at", UTCDateTime),
+)
+
+approvals = sa.Table(
+    "approvals",
+    metadata,
+    sa.Column("approval_id", sa.String(64), primary_key=True),
+    sa.Column("run_id", sa.String(255), nullable=False, index=True),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("action", sa.String(255), nullable=False),
+    sa.Column("args", sa.Text, nullable=False),
+    sa.Column("args_hash", sa.String(64), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False, index=True),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("expires_at", UTCDateTime),
+    sa.Column("decided_by", sa.String(255)),
+    sa.Column("decided_at", UTCDateTime),
+    sa.Column("comment", sa.Text),
+    sa.Column("result", sa.Text),
+    sa.Index("ix_approvals_run_seq", "run_id", "seq"),
+)
+
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
+    sa.Column("run_id", sa.String(255), nullable=False),
+    sa.Column("name", sa.String(255), nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("consumed_seq", sa.Integer),
+    sa.Index("ix_events_run_name", "run_id", "name"),
+)
+
+MIGRATIONS = [
+    Migration(
+        1,
+        "runs, steps, tool_calls, approvals, events",
+        create_tables(metadata, "runs", "steps", "tool_calls", "approvals", "events"),
+    )
+]
+
+
+def setup(db: Database) -> None:
+    """Create or upgrade the workflow tables (idempotent)."""
+    upgrade(db, "workflow", SCHEMA, MIGRATIONS)

@@ -1,0 +1,69 @@
+"""Workers: claim runnable runs under a lease, execute them, poll with backoff when idle."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import sqlalchemy as sa
+
+from statekeep.errors import InvalidInputError, LeaseLostError, StatekeepError
+from statekeep.workflow.engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    """A loop that drains runnable runs: pending, due sleeps and waits, and runs whose lease lapsed.
+
+    Start one per process, on as many machines as you like against one PostgreSQL
+    (one machine for SQLite). Idle, it costs one short claim query per poll, and the
+    poll interval doubles up to ``max_poll``.
+
+    Example:
+        >>> # Worker(Engine(url, registry, lease=30)).run(stop=threading.Event())
+    """
+
+    def __init__(self, engine: Engine, *, poll: float = 0.05, max_poll: float = 2.0, batch: int = 1) -> None:
+        if poll <= 0 or max_poll < poll:
+            raise InvalidInputError("need 0 < poll <= max_poll", field="poll")
+        if not isinstance(batch, int) or batch < 1:
+            raise InvalidInputError("must be an int >= 1", field="batch")
+        self.engine, self.poll, self.max_poll, self.batch = engine, poll, max_poll, batch
+
+    def run_once(self) -> int:
+        """Claim up to ``batch`` runnable runs and execute them; return how many were claimed."""
+        claimed = self.engine.store.claim(
+            self.engine.owner, self.engine.lease, self.batch, self.engine.registry.runnable()
+        )
+        for run in claimed:
+            try:
+                self.engine.execute(run)
+            except LeaseLostError as exc:
+                log.warning("fenced: %s", exc)
+            except StatekeepError as exc:
+                log.error("run %s stopped: %s", run.run_id, exc)
+            except sa.exc.SQLAlchemyError as exc:  # the lease lapses and another worker retries the run
+                log.warning("run %s interrupted by a database error: %s", run.run_id, exc)
+        return len(claimed)
+
+    def run(self, *, stop: threading.Event | None = None, idle_exit: float | None = None) -> int:
+        """Loop until ``stop`` is set (or after ``idle_exit`` seconds without work); return runs handled."""
+        stop = stop or threading.Event()
+        handled, delay, idle_since = 0, self.poll, time.monotonic()
+        while not stop.is_set():
+            try:
+                n = self.run_once()
+            except sa.exc.SQLAlchemyError as exc:  # the database blinked: back off and try again
+                log.warning("claim failed: %s", exc)
+                n = 0
+            handled += n
+            if n:
+                delay, idle_since = self.poll, time.monotonic()
+                continue
+            if idle_exit is not None and time.monotonic() - idle_since >= idle_exit:
+                break
+            stop.wait(delay)
+            delay = min(self.max_poll, delay * 2)
+        return handled

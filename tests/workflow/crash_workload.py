@@ -1,0 +1,103 @@
+"""The workload of the crash tests, run in forked child processes that SIGKILL themselves.
+
+Fault points (each fires only on new progress, never during replay):
+
+* ``before_step``: just before the workflow asks for a step;
+* ``inside_step``: inside a step function, after its execution was logged;
+* ``tool_started``: inside a tool, after its effect, before the ledger marks it completed;
+* ``before_commit``: a step's completion is written but its transaction not yet committed.
+
+Effects are counted outside the database: append-only files (O_APPEND), one line each.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from statekeep.db import Database
+from statekeep.workflow import Engine, Reconciliation, Registry, RunContext, ToolCall
+
+from .conftest import append, lines
+
+POINTS = ("before_step", "inside_step", "tool_started", "before_commit")
+RUNS = 90
+STEPS = 4
+
+
+class Faults:
+    """Kill this process at the ``n``-th occurrence of ``point``."""
+
+    def __init__(self, point: str | None, n: int) -> None:
+        self.point, self.n, self.seen = point, n, 0
+
+    def hit(self, point: str) -> None:
+        if point != self.point:
+            return
+        self.seen += 1
+        if self.seen >= self.n:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def build(work: Path, faults: Faults, *, reconcile: bool) -> Registry:
+    """The registry of the crash workload: 4 steps and one charge per run."""
+    registry = Registry()
+    effects, execs = work / "effects.log", work / "execs.log"
+
+    def reconciler(call: ToolCall) -> Reconciliation:
+        found = call.key in lines(effects)
+        return Reconciliation(found, {"charged": call.args[0]} if found else None)
+
+    @registry.tool("charge", reconciler=reconciler if reconcile else None)
+    def charge(key: str, run: int) -> dict[str, int]:
+        append(effects, key)
+        faults.hit("tool_started")
+        return {"charged": run}
+
+    def work_step(run: int, seq: int) -> str:
+        token = uuid.uuid4().hex
+        append(execs, f"run-{run} {seq} {token}")
+        faults.hit("inside_step")
+        return token
+
+    @registry.workflow("crashy", version=1)
+    def crashy(ctx: RunContext, run: int) -> str:
+        for s in range(STEPS):
+            if not ctx.replaying:
+                faults.hit("before_step")
+            ctx.step(f"s{s}", work_step, run, ctx._seq + 1)
+            if s == 1:
+                ctx.call_tool(charge, run)
+        return "done"
+
+    return registry
+
+
+def child(url: str, work: Path, point: str | None, n: int, reconcile: bool) -> None:
+    """Resume or start every run of the workload; die at the chosen fault."""
+    faults = Faults(point, n)
+    db = Database(url)
+    wrote_step = {"flag": False}
+
+    @sa.event.listens_for(db.engine, "before_cursor_execute")
+    def _spot(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO") and "steps" in statement.split("(")[0]:
+            wrote_step["flag"] = True
+
+    @sa.event.listens_for(db.engine, "commit")
+    def _commit(conn: Any) -> None:
+        if wrote_step["flag"]:
+            wrote_step["flag"] = False
+            faults.hit("before_commit")
+
+    engine = Engine(db, build(work, faults, reconcile=reconcile))
+    crashy = engine.registry.get("crashy", 1)
+    finished = {r.run_id for r in engine.store.list_runs() if r.status.finished}
+    for i in range(RUNS):
+        if f"run-{i}" not in finished:
+            engine.run(crashy, f"run-{i}", i)

@@ -1,0 +1,129 @@
+"""Crash tests: real processes killed with SIGKILL at every fault point, then resumed by another.
+
+Each backend gets 100+ kills: 80 at chosen fault points (before a step, inside one,
+between a tool call's start and completion, between a completion and its commit)
+and 20+ at random times from the parent. After each kill a new process resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from statekeep.db import Database
+from statekeep.workflow import Engine, RunStatus
+
+from . import crash_workload as workload
+from .conftest import fork, lines, wait
+
+pytestmark = [pytest.mark.crash, pytest.mark.slow]
+
+
+def crash_loop(
+    url: str, work: Path, *, reconcile: bool, point_kills: int, random_kills: int, seed: int
+) -> Counter[str]:
+    """Kill children until the quotas are met; return kills per fault point."""
+    rng = random.Random(seed)
+    kills: Counter[str] = Counter()
+    attempts = 0
+    while sum(kills.values()) < point_kills + random_kills and attempts < 4 * (point_kills + random_kills):
+        attempts += 1
+        if kills["random"] < random_kills and attempts % 4 == 0:
+            pid = fork(lambda: workload.child(url, work, None, 0, reconcile))
+            time.sleep(rng.uniform(0.02, 0.25))
+            _kill(pid)
+            if wait(pid) == -signal.SIGKILL:
+                kills["random"] += 1
+            continue
+        point = workload.POINTS[sum(kills[p] for p in workload.POINTS) % len(workload.POINTS)]
+        n = rng.randint(1, 3)
+        pid = fork(lambda point=point, n=n: workload.child(url, work, point, n, reconcile))
+        code = wait(pid)
+        assert code in (0, -signal.SIGKILL), f"child failed with exit code {code}"
+        if code == -signal.SIGKILL:
+            kills[point] += 1
+    return kills
+
+
+def _kill(pid: int) -> None:
+    import os
+
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def finish(url: str, work: Path, reconcile: bool) -> None:
+    """A last, undisturbed process resumes every run."""
+    assert wait(fork(lambda: workload.child(url, work, None, 0, reconcile))) == 0
+
+
+def check_no_completed_step_ran_again(engine: Engine, work: Path) -> None:
+    """The execution that produced a recorded output is the last execution of that step."""
+    execs: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for line in lines(work / "execs.log"):
+        run, seq, token = line.split()
+        execs[(run, int(seq))].append(token)
+    for i in range(workload.RUNS):
+        for step in engine.store.steps(f"run-{i}"):
+            if step.kind == "step":
+                assert execs[(step.run_id, step.seq)][-1] == step.value, (step.run_id, step.seq)
+
+
+def prepare(url: str) -> Engine:
+    engine = Engine(
+        Database(url), workload.build(Path("/nonexistent"), workload.Faults(None, 0), reconcile=True)
+    )
+    engine.store.db.dispose()  # nothing pooled across fork
+    return engine
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_invariants_1_and_3_survive_sigkill_with_a_reconciler(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """60 kills (50 at fault points, 10 random): all runs complete, no step re-runs, one charge each."""
+    url = request.getfixturevalue(f"{backend}_url")
+    engine = prepare(url)
+    kills = crash_loop(url, tmp_path, reconcile=True, point_kills=50, random_kills=10, seed=3)
+    assert sum(kills.values()) >= 60, kills
+    assert all(kills[p] >= 5 for p in workload.POINTS), kills
+    finish(url, tmp_path, reconcile=True)
+    runs = [engine.store.get(f"run-{i}") for i in range(workload.RUNS)]
+    assert {r.status for r in runs} == {RunStatus.COMPLETED}
+    check_no_completed_step_ran_again(engine, tmp_path)
+    charges = Counter(lines(tmp_path / "effects.log"))
+    assert sorted(charges) == sorted(f"run-{i}/3/0" for i in range(workload.RUNS))
+    assert set(charges.values()) == {1}
+    engine.store.db.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_invariant_3_ambiguous_calls_are_surfaced_never_repeated(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """No reconciler, 42 kills (30 at fault points, 12 random): no effect twice, ambiguity surfaced."""
+    url = request.getfixturevalue(f"{backend}_url")
+    engine = prepare(url)
+    kills = crash_loop(url, tmp_path, reconcile=False, point_kills=30, random_kills=12, seed=7)
+    assert sum(kills.values()) >= 42, kills
+    assert kills["tool_started"] >= 1, kills
+    finish(url, tmp_path, reconcile=False)
+    check_no_completed_step_ran_again(engine, tmp_path)
+    assert set(Counter(lines(tmp_path / "effects.log")).values()) <= {1}
+    asks = {a.run_id: a for a in engine.store.approvals(kind="ambiguous")}
+    assert asks, "a kill between a tool's start and completion must surface an ambiguous call"
+    for i in range(workload.RUNS):
+        run = engine.store.get(f"run-{i}")
+        if run.status is RunStatus.NEEDS_DECISION:
+            assert asks[run.run_id].action == "charge"
+            assert [c.status for c in engine.store.tool_calls(run.run_id)] == ["started"]
+        else:
+            assert run.status is RunStatus.COMPLETED
+            assert [c.status for c in engine.store.tool_calls(run.run_id)] == ["completed"]
+    engine.store.db.dispose()

@@ -1,0 +1,151 @@
+"""Durable waits (sleep, events) and retention: a waiting run is a row, never a process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statekeep.db import Database
+from statekeep.errors import InvalidInputError, RunFinishedError, RunNotFoundError
+from statekeep.workflow import Engine, Registry, RunContext, RunStatus, Worker
+
+from .conftest import EngineFactory, append, fork, lines, wait
+
+
+def waits_registry(effects: Path) -> Registry:
+    registry = Registry()
+
+    @registry.workflow("nap", version=1)
+    def nap(ctx: RunContext, seconds: float) -> str:
+        ctx.step("before", lambda: append(effects, f"{ctx.run_id} before"))
+        ctx.sleep("nap", seconds)
+        ctx.step("after", lambda: append(effects, f"{ctx.run_id} after"))
+        return "rested"
+
+    @registry.workflow("signal", version=1)
+    def wait_signal(ctx: RunContext, timeout: float | None) -> Any:
+        ctx.step("before", lambda: append(effects, f"{ctx.run_id} before"))
+        payload = ctx.wait_for_event("go", timeout=timeout, default="timed out")
+        ctx.step("after", lambda: append(effects, f"{ctx.run_id} after"))
+        return payload
+
+    return registry
+
+
+def test_sleep_parks_the_run_and_completes_once_due(make_engine: EngineFactory, tmp_path: Path) -> None:
+    """A sleeping run keeps its due time across resumes and continues once it has passed."""
+    effects = tmp_path / "effects"
+    engine = make_engine(waits_registry(effects))
+    run = engine.run(engine.registry.get("nap", 1), "r", 0.4)
+    assert run.status is RunStatus.SLEEPING
+    assert run.lease_owner is None
+    assert engine.resume("r").status is RunStatus.SLEEPING  # early: the clock did not restart
+    time.sleep(0.45)
+    assert engine.resume("r").status is RunStatus.COMPLETED
+    assert lines(effects) == ["r before", "r after"]
+
+
+def test_an_event_wakes_the_waiting_run_with_its_payload(make_engine: EngineFactory, tmp_path: Path) -> None:
+    """send_event makes a waiting run runnable; it resumes with the payload."""
+    effects = tmp_path / "effects"
+    engine = make_engine(waits_registry(effects))
+    assert engine.run(engine.registry.get("signal", 1), "r", None).status is RunStatus.WAITING_FOR_EVENT
+    engine.store.send_event("r", "go", {"ticket": 7})
+    assert engine.store.get("r").status is RunStatus.PENDING
+    assert engine.resume("r").output == {"ticket": 7}
+
+
+def test_an_event_sent_early_is_kept_until_the_run_waits(make_engine: EngineFactory, tmp_path: Path) -> None:
+    """Events to a live run that is not waiting yet are kept in its mailbox and consumed by the wait."""
+    effects = tmp_path / "effects"
+    engine = make_engine(waits_registry(effects))
+    engine.start(engine.registry.get("signal", 1), "r", None)
+    engine.store.send_event("r", "go", "early")
+    assert engine.resume("r").output == "early"
+
+
+def test_events_to_finished_or_unknown_runs_are_refused(make_engine: EngineFactory, tmp_path: Path) -> None:
+    """Events to a finished run raise RunFinishedError, to an unknown one RunNotFoundError."""
+    engine = make_engine(waits_registry(tmp_path / "effects"))
+    engine.run(engine.registry.get("nap", 1), "done", 0)
+    with pytest.raises(RunFinishedError):
+        engine.store.send_event("done", "go")
+    with pytest.raises(RunNotFoundError):
+        engine.store.send_event("ghost", "go")
+    engine.start(engine.registry.get("signal", 1), "live", None)
+    with pytest.raises(InvalidInputError, match="payload"):
+        engine.store.send_event("live", "go", {1})
+    with pytest.raises(InvalidInputError, match="name"):
+        engine.store.send_event("live", "", 1)
+
+
+def test_an_event_wait_times_out_with_the_default(make_engine: EngineFactory, tmp_path: Path) -> None:
+    """With a timeout and no event, the run continues with the default once the timeout passes."""
+    engine = make_engine(waits_registry(tmp_path / "effects"))
+    assert engine.run(engine.registry.get("signal", 1), "r", 0.3).status is RunStatus.WAITING_FOR_EVENT
+    time.sleep(0.35)
+    assert engine.resume("r").output == "timed out"
+
+
+def test_invariant_4_sleep_and_event_waits_survive_a_restart_of_every_worker(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Two workers park a sleeping and an event-waiting run, both are SIGKILLed; fresh workers finish both."""
+    effects = tmp_path / "effects"
+
+    def worker() -> None:
+        engine = Engine(Database(database_url), waits_registry(effects), lease=1)
+        Worker(engine, poll=0.02, max_poll=0.1).run()
+
+    first = [fork(worker), fork(worker)]
+    setup = Engine(Database(database_url), waits_registry(effects))
+    setup.start(setup.registry.get("nap", 1), "sleeper", 1.5)
+    setup.start(setup.registry.get("signal", 1), "listener", None)
+    deadline = time.monotonic() + 20
+    while {setup.store.get(r).status for r in ("sleeper", "listener")} != {
+        RunStatus.SLEEPING,
+        RunStatus.WAITING_FOR_EVENT,
+    }:
+        assert time.monotonic() < deadline, "workers did not park the runs"
+        time.sleep(0.02)
+    for pid in first:
+        os.kill(pid, signal.SIGKILL)
+        assert wait(pid) == -signal.SIGKILL
+    setup.store.send_event("listener", "go", "hello")
+    second = [fork(worker), fork(worker)]
+    while {setup.store.get(r).status for r in ("sleeper", "listener")} != {RunStatus.COMPLETED}:
+        assert time.monotonic() < deadline + 10, "fresh workers did not finish the runs"
+        time.sleep(0.05)
+    for pid in second:
+        os.kill(pid, signal.SIGTERM)
+        wait(pid)
+    assert setup.store.get("listener").output == "hello"
+    assert sorted(lines(effects)) == ["listener after", "listener before", "sleeper after", "sleeper before"]
+    setup.store.db.dispose()
+
+
+def test_retention_deletes_old_finished_runs_and_never_live_ones(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    """purge(keep_last=N) and purge(older_than=...) drop finished runs only, with their journal."""
+    engine = make_engine(waits_registry(tmp_path / "effects"))
+    nap = engine.registry.get("nap", 1)
+    for i in range(4):
+        engine.run(nap, f"done-{i}", 0)
+    engine.run(nap, "sleeping", 3600)
+    assert engine.store.purge(keep_last=1) == 3
+    assert [r.run_id for r in engine.store.list_runs()] == ["done-3", "sleeping"]
+    assert engine.store.steps("done-0") == []
+    assert engine.store.purge(older_than=timedelta(hours=1)) == 0
+    time.sleep(0.05)
+    assert engine.store.purge(older_than=timedelta(seconds=0.01)) == 1
+    assert [r.run_id for r in engine.store.list_runs()] == ["sleeping"]
+    assert engine.store.get("sleeping").status is RunStatus.SLEEPING
+    with pytest.raises(InvalidInputError):
+        engine.store.purge()
