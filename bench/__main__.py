@@ -1,25 +1,21 @@
-"""Run every benchmark module in turn: ``python -m bench [name ...]``."""
+"""Run every benchmark in turn, each in its own process: ``python -m bench [name ...]``."""
 
 from __future__ import annotations
 
-import importlib
 import pkgutil
+import subprocess
 import sys
 from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
     here = Path(__file__).parent
-    names = argv or sorted(
-        m.name for m in pkgutil.iter_modules([str(here)]) if not m.name.startswith("_") and m.name != "common"
-    )
+    names = argv or sorted(m.name for m in pkgutil.iter_modules([str(here)]) if not m.name.startswith("_"))
     for name in names:
         print(f"\n=== bench.{name} ===", flush=True)
-        module = importlib.import_module(f"bench.{name}")
-        sys.argv = [f"bench.{name}"]  # each benchmark parses its own flags; run all at their defaults
-        code = module.main()
+        code = subprocess.call([sys.executable, "-m", f"bench.{name}"], cwd=here.parent)
         if code:
-            return int(code)
+            return code
     return 0
 
 

@@ -44,8 +44,14 @@ def setup(db: Database) -> None:
 
 def latest_version(conn: Connection, run_id: str) -> int:
     """The latest version number of a run, 0 when it has none."""
-    q = sa.select(sa.func.coalesce(sa.func.max(versions.c.version), 0)).where(versions.c.run_id == run_id)
-    return int(conn.execute(q).scalar_one())
+    # ORDER BY ... LIMIT 1 walks the primary key backwards; max() may scan the run's versions
+    q = (
+        sa.select(versions.c.version)
+        .where(versions.c.run_id == run_id)
+        .order_by(versions.c.version.desc())
+        .limit(1)
+    )
+    return int(conn.execute(q).scalar() or 0)
 
 
 def append(conn: Connection, record: StateVersion, expected: int | None) -> StateVersion:
