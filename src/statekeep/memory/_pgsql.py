@@ -22,6 +22,9 @@ SCHEMA = "statekeep_memory"
 TABLE = f"{SCHEMA}.memories"
 PARTITIONS = 16
 OWNER_SETTING = "statekeep.owner"
+#: HNSW build effort: 32 (pgvector's default is 64) doubles write throughput; searches use
+#: ef_search=100 and iterative scans, which keep recall@10 above 0.95 (see bench/memory.py).
+EF_CONSTRUCTION = 32
 #: Columns whose values could identify an owner's data are never sampled by ANALYZE,
 #: so no copy of them lands in pg_statistic, which erasure does not rewrite.
 PRIVATE_COLUMNS = ("owner", "id", "content", "tags", "metadata", "session_id", "run_id", "event_id",
@@ -86,12 +89,13 @@ def vector_expr(dimension: int) -> str:
     return f"(embedding::vector({int(dimension)}))"
 
 
-def index_ddl(model: str, dimension: int) -> str:
-    """A partial HNSW index over one model's vectors (any number of models can coexist)."""
+def index_ddl(model: str, dimension: int) -> tuple[str, str]:
+    """A partial HNSW index over one model's vectors (any number of models can coexist): (name, DDL)."""
     name = "memories_hnsw_" + hashlib.sha256(f"{model}/{dimension}".encode()).hexdigest()[:16]
-    return (
+    return name, (
         f"CREATE INDEX IF NOT EXISTS {name} ON {TABLE} USING hnsw "
-        f"({vector_expr(dimension)} vector_cosine_ops) WHERE model = {literal(model)}"
+        f"({vector_expr(dimension)} vector_cosine_ops) WITH (m = 16, ef_construction = {EF_CONSTRUCTION}) "
+        f"WHERE model = {literal(model)}"
     )
 
 

@@ -156,7 +156,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         if TABLE in self._db.list_tables().tables:
             return self._db.open_table(TABLE)
         table = self._db.create_table(TABLE, schema=_schema(self.embedder.dimension))
-        table.create_fts_index("content", replace=True)
+        _fts_index(table)
         return table
 
     @property
@@ -182,19 +182,16 @@ class LanceDBMemoryStore(base.MemoryStore):
 
         Call it after bulk loads and from time to time (each write adds a file).
         """
+        from lancedb.index import BTree, IvfHnswSq
+
         self._table.optimize()
         names = {ix.name for ix in self._table.list_indices()}
         rows = self._table.count_rows()
         if "owner_idx" not in names and rows:
-            self._table.create_scalar_index("owner", index_type="BTREE")
+            self._table.create_index("owner", config=BTree(), name="owner_idx")
         if "vector_idx" not in names and rows >= min_rows_for_index:
-            partitions = max(1, int(rows**0.5) // 2)
-            self._table.create_index(
-                metric="cosine",
-                vector_column_name="vector",
-                index_type="IVF_HNSW_SQ",
-                num_partitions=partitions,
-            )
+            config = IvfHnswSq(distance_type="cosine", num_partitions=max(1, int(rows**0.5) // 2))
+            self._table.create_index("vector", config=config, name="vector_idx")
 
     # --- reads ----------------------------------------------------------------------------
 
@@ -245,7 +242,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         removed = [r["id"] for r in self._rows(clause, ["id"])]
         if removed:
             self._table.delete(clause)
-            self._rewrite(owner)
+        self._rewrite(owner)  # always: it also finishes an erasure that stopped after its delete
         return removed, self._locations(), list(NOT_REACHED)
 
     def _locations(self) -> list[str]:
@@ -264,7 +261,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             dataset.optimize.compact_files(materialize_deletions_threshold=0.0)
             step = "index rebuild"
             self._table = self._db.open_table(TABLE)
-            self._table.create_fts_index("content", replace=True)
+            _fts_index(self._table)
             self._table.optimize()
             step = "cleanup of old versions"
             self._table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
@@ -304,8 +301,14 @@ class LanceDBMemoryStore(base.MemoryStore):
         stale = [Memory(**{**_fields(m), "model": ""}) for m in rows]
         data = _arrow(stale, np.zeros((len(stale), dimension), dtype=np.float32), dimension)
         self._table = self._db.create_table(TABLE, data=data, schema=_schema(dimension), mode="overwrite")
-        self._table.create_fts_index("content", replace=True)
+        _fts_index(self._table)
         self._table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+
+
+def _fts_index(table: Any) -> None:
+    from lancedb.index import FTS
+
+    table.create_index("content", config=FTS(), replace=True)
 
 
 def _fields(memory: Memory) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection
 
 from statekeep.db import Database, upgrade
 from statekeep.db.engine import storage_error
+from statekeep.db.migrations import current_version
 from statekeep.errors import ConfigError, ErasureError
 from statekeep.memory import _pgsql as q
 from statekeep.memory import base
@@ -38,7 +39,7 @@ NOT_REACHED = (
 
 
 def _vec(vector: Vectors) -> str:
-    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+    return "[" + ",".join(map(str, vector.tolist())) + "]"
 
 
 class PgVectorMemoryStore(base.MemoryStore):
@@ -67,7 +68,9 @@ class PgVectorMemoryStore(base.MemoryStore):
             )
         self.ef_search = int(ef_search)
         try:
-            upgrade(self.db, "memory", q.SCHEMA, q.MIGRATIONS)
+            # a worker role may lack CREATE: it only needs the schema to be current already
+            if current_version(self.db, "memory", q.SCHEMA) != len(q.MIGRATIONS):
+                upgrade(self.db, "memory", q.SCHEMA, q.MIGRATIONS)
         except sa.exc.SQLAlchemyError as exc:
             raise storage_error(
                 exc, "setting up the memory tables (is the vector extension installed?)"
@@ -78,9 +81,12 @@ class PgVectorMemoryStore(base.MemoryStore):
     def _ensure_index(self, model: str, dimension: int) -> None:
         if (model, dimension) in self._indexed:
             return
+        name, ddl = q.index_ddl(model, dimension)
         with self.db.begin() as conn:
-            self.db.dialect.lock(conn, f"statekeep-memory-index-{model}")
-            conn.exec_driver_sql(q.index_ddl(model, dimension))
+            exists = conn.execute(sa.text("SELECT to_regclass(:n)"), {"n": f"{q.SCHEMA}.{name}"}).scalar()
+            if exists is None:
+                self.db.dialect.lock(conn, f"statekeep-memory-index-{model}")
+                conn.exec_driver_sql(ddl)
         self._indexed.add((model, dimension))
 
     @contextmanager
