@@ -144,6 +144,18 @@ def nearest_sql(model: str, dimension: int, clause: str) -> str:
     )
 
 
+def nearest_each_sql(model: str, dimension: int, clause: str) -> str:
+    """The nearest current memory to each of many vectors, in one round trip (for duplicate checks)."""
+    expr, dim = vector_expr(dimension), int(dimension)
+    # materialized, so each query vector is parsed once, not once per candidate row
+    return (
+        f"WITH q AS MATERIALIZED (SELECT i, CAST(v AS vector({dim})) AS v "
+        f"FROM unnest(CAST(:vs AS text[])) WITH ORDINALITY AS u(v, i)) "
+        f"SELECT q.i, m.* FROM q CROSS JOIN LATERAL (SELECT {SELECT_COLUMNS}, {expr} <=> q.v AS distance "
+        f"FROM {TABLE} WHERE {clause} AND model = {literal(model)} ORDER BY distance LIMIT 1) AS m"
+    )
+
+
 def text_sql(clause: str) -> str:
     """Full-text search: any word of the query matches, ranked by ``ts_rank_cd``."""
     return (

@@ -120,11 +120,9 @@ class MemoryStore(ABC):
         Raises:
             InvalidInputError: an argument is invalid; nothing was written.
         """
-        exp = _check.expiry(expires_at, ttl, self.now())
-        item = MemoryInput(
-            content, kind, tuple(_check.check_tags(tags)), metadata or {}, provenance or Provenance()
-        )
-        item = MemoryInput(item.content, item.kind, item.tags, item.metadata, item.provenance, exp)
+        expiry = _check.expiry(expires_at, ttl, self.now())
+        meta = {} if metadata is None else metadata
+        item = MemoryInput(content, kind, _check.check_tags(tags), meta, provenance or Provenance(), expiry)
         return self.remember_many(owner, [item])[0]
 
     def remember_many(self, owner: str, items: Sequence[MemoryInput | str]) -> list[Memory]:
@@ -214,9 +212,10 @@ class MemoryStore(ABC):
         now = self.now()
         links: list[str | None] = []
         originals: list[int] = []  # batch items that are not duplicates themselves
+        stored = self._nearest_each(owner, vectors, now)
         for i, vec in enumerate(vectors):
-            hits = self._nearest(owner, vec, 1, Filters(), now)
-            score, link = (hits[0].score, hits[0].memory.id) if hits else (-1.0, None)
+            hit = stored[i]
+            score, link = (hit.score, hit.memory.id) if hit else (-1.0, None)
             if originals:
                 sims = vectors[originals] @ vec
                 j = int(np.argmax(sims))
@@ -395,6 +394,10 @@ class MemoryStore(ABC):
         self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
     ) -> list[SearchResult]:
         """Current, unexpired memories of ``owner`` by this model, nearest first; score = cosine."""
+
+    def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
+        """The nearest current memory of ``owner`` to each vector (backends override to batch it)."""
+        return [next(iter(self._nearest(owner, v, 1, Filters(), now)), None) for v in vectors]
 
     @abstractmethod
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:

@@ -151,6 +151,9 @@ class LanceDBMemoryStore(base.MemoryStore):
         self.nprobes = nprobes
         self._db = lancedb.connect(str(self.path))
         self._table = self._open_table()
+        # this store is the only writer (the folder lock), so in-process caches stay true
+        self._owner_rows: dict[str, int] = {}
+        self._indexed = self._has_vector_index()
 
     def _open_table(self) -> Any:
         if TABLE in self._db.list_tables().tables:
@@ -173,6 +176,9 @@ class LanceDBMemoryStore(base.MemoryStore):
         if self._dimension != vectors.shape[1]:
             self._resize(vectors.shape[1])
         self._table.add(_arrow(memories, vectors, vectors.shape[1]))
+        owner = memories[0].owner
+        if owner in self._owner_rows:
+            self._owner_rows[owner] += len(memories)
 
     def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
         self._table.update(where=where(owner, id=memory_id), values={"superseded_by": successor})
@@ -192,11 +198,26 @@ class LanceDBMemoryStore(base.MemoryStore):
         if "vector_idx" not in names and rows >= min_rows_for_index:
             config = IvfHnswSq(distance_type="cosine", num_partitions=max(1, int(rows**0.5) // 2))
             self._table.create_index("vector", config=config, name="vector_idx")
+        self._indexed = self._has_vector_index()
 
     # --- reads ----------------------------------------------------------------------------
 
     def _has_vector_index(self) -> bool:
         return any(ix.name == "vector_idx" for ix in self._table.list_indices())
+
+    def _rows_of(self, owner: str) -> int:
+        if owner not in self._owner_rows:
+            self._owner_rows[owner] = int(self._table.count_rows(where(owner)))
+        return self._owner_rows[owner]
+
+    def _vector_query(self, vectors: Any, owner: str, clause: str, k: int) -> Any:
+        query = self._table.search(vectors, vector_column_name="vector").distance_type("cosine")
+        query = query.where(clause, prefilter=True).select([*COLUMNS, "_distance"]).limit(k)
+        if not self._indexed:
+            return query
+        if self._rows_of(owner) <= self.exact_below:  # a selective filter: exact, never too few
+            return query.bypass_vector_index()
+        return query.nprobes(self.nprobes).refine_factor(4)
 
     def _nearest(
         self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
@@ -204,15 +225,18 @@ class LanceDBMemoryStore(base.MemoryStore):
         if self._dimension != vector.shape[0]:
             return []  # no vector of this model can be stored yet
         clause = where(owner, filters, now, model=self.embedder.name)
-        query = self._table.search(vector, vector_column_name="vector").distance_type("cosine")
-        query = query.where(clause, prefilter=True).limit(k)
-        if self._has_vector_index():
-            if self._table.count_rows(clause) <= self.exact_below:
-                query = query.bypass_vector_index()
-            else:
-                query = query.nprobes(self.nprobes).refine_factor(4)
-        rows = query.to_list()
+        rows = self._vector_query(vector, owner, clause, k).to_list()
         return [SearchResult(from_row(r), 1.0 - float(r["_distance"])) for r in rows]
+
+    def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
+        if self._dimension != vectors.shape[1]:
+            return [None] * len(vectors)
+        clause = where(owner, None, now, model=self.embedder.name)
+        rows = self._vector_query(list(vectors), owner, clause, 1).to_list()
+        found: list[SearchResult | None] = [None] * len(vectors)
+        for r in rows:
+            found[int(r.get("query_index", 0))] = SearchResult(from_row(r), 1.0 - float(r["_distance"]))
+        return found
 
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
         clause = where(owner, filters, now)
@@ -268,6 +292,8 @@ class LanceDBMemoryStore(base.MemoryStore):
         except (OSError, RuntimeError, ValueError) as exc:
             raise ErasureError(owner, step, str(exc)) from exc
         self._table = self._db.open_table(TABLE)
+        self._owner_rows.clear()
+        self._indexed = self._has_vector_index()
 
     def _purge(self, now: datetime) -> int:
         clause = f"expires_us IS NOT NULL AND expires_us <= {to_us(now)}"
@@ -301,6 +327,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         stale = [Memory(**{**_fields(m), "model": ""}) for m in rows]
         data = _arrow(stale, np.zeros((len(stale), dimension), dtype=np.float32), dimension)
         self._table = self._db.create_table(TABLE, data=data, schema=_schema(dimension), mode="overwrite")
+        self._indexed = False
         _fts_index(self._table)
         self._table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
 

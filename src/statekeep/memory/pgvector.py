@@ -147,6 +147,17 @@ class PgVectorMemoryStore(base.MemoryStore):
         # relaxed_order may return neighbours slightly out of order: sort them here
         return [SearchResult(m, s) for m, s in sorted(found, key=lambda x: -x[1])]
 
+    def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
+        clause, params = q.scope_where(to_us(now), None)
+        sql = q.nearest_each_sql(self.embedder.name, vectors.shape[1], clause)
+        found: list[SearchResult | None] = [None] * len(vectors)
+        with self._scoped(owner, write=False) as conn:
+            conn.exec_driver_sql("SET LOCAL hnsw.iterative_scan = relaxed_order")
+            rows = conn.execute(sa.text(sql), {**params, "owner": owner, "vs": [_vec(v) for v in vectors]})
+            for r in rows:
+                found[int(r.i) - 1] = SearchResult(from_row(dict(r._mapping)), 1.0 - float(r.distance))
+        return found
+
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
         clause, params = q.scope_where(to_us(now), filters)
         with self._scoped(owner, write=False) as conn:
