@@ -165,11 +165,11 @@ class MemoryStore(ABC):
             provenance or old.provenance,
             expires_at,
         )
-        new = self._write(owner, [item], dedupe=False)[0]
-        self._mark_superseded(owner, old.id, new.id)
-        return new
+        return self._write(owner, [item], dedupe=False, supersedes=old.id)[0]
 
-    def _write(self, owner: str, items: Sequence[MemoryInput | str], *, dedupe: bool) -> list[Memory]:
+    def _write(
+        self, owner: str, items: Sequence[MemoryInput | str], *, dedupe: bool, supersedes: str | None = None
+    ) -> list[Memory]:
         owner = _check.check_owner(owner)
         if isinstance(items, str | MemoryInput) or not isinstance(items, Sequence) or not items:
             raise InvalidInputError("must be a non-empty list of strings or MemoryInput", field="items")
@@ -182,8 +182,16 @@ class MemoryStore(ABC):
             self._memory(mid, owner, item, now, link)
             for mid, item, link in zip(ids, inputs, links, strict=True)
         ]
-        self._insert(memories, vectors)
+        if supersedes is None:
+            self._insert(memories, vectors)
+        else:
+            self._insert_superseding(memories[0], vectors, supersedes)
         return memories
+
+    def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> None:
+        """Insert ``new`` and mark ``old_id`` superseded by it; transactional backends do both at once."""
+        self._insert([new], vectors)
+        self._mark_superseded(new.owner, old_id, new.id)
 
     def _memory(
         self, memory_id: str, owner: str, item: MemoryInput, now: datetime, duplicate_of: str | None

@@ -42,6 +42,13 @@ def _vec(vector: Vectors) -> str:
     return "[" + ",".join(map(str, vector.tolist())) + "]"
 
 
+def _mark(conn: Connection, owner: str, memory_id: str, successor: str) -> None:
+    conn.execute(
+        sa.text(f"UPDATE {q.TABLE} SET superseded_by = :s WHERE owner = :owner AND id = :id"),
+        {"s": successor, "owner": owner, "id": memory_id},
+    )
+
+
 class PgVectorMemoryStore(base.MemoryStore):
     """Memories in PostgreSQL with pgvector; the production backend for many workers.
 
@@ -116,21 +123,24 @@ class PgVectorMemoryStore(base.MemoryStore):
 
     # --- writes ---------------------------------------------------------------------------
 
-    def _insert(self, memories: list[Memory], vectors: Vectors) -> None:
+    def _insert(self, memories: list[Memory], vectors: Vectors, supersedes: str | None = None) -> None:
         self._ensure_index(self.embedder.name, vectors.shape[1])
+        owner = memories[0].owner
         rows = [{**to_row(m), "embedding": _vec(v)} for m, v in zip(memories, vectors, strict=True)]
         try:
-            with self._scoped(memories[0].owner) as conn:
+            with self._scoped(owner) as conn:
                 conn.execute(q.INSERT, rows)
+                if supersedes is not None:  # in the same transaction: never both current, never neither
+                    _mark(conn, owner, supersedes, memories[0].id)
         except sa.exc.SQLAlchemyError as exc:
-            raise storage_error(exc, f"writing memories of {memories[0].owner!r}") from exc
+            raise storage_error(exc, f"writing memories of {owner!r}") from exc
+
+    def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> None:
+        self._insert([new], vectors, supersedes=old_id)
 
     def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
         with self._scoped(owner) as conn:
-            conn.execute(
-                sa.text(f"UPDATE {q.TABLE} SET superseded_by = :s WHERE owner = :owner AND id = :id"),
-                {"s": successor, "owner": owner, "id": memory_id},
-            )
+            _mark(conn, owner, memory_id, successor)
 
     # --- reads ----------------------------------------------------------------------------
 
