@@ -273,7 +273,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         root = self.path / f"{TABLE}.lance"
         return [
             f"{root / 'data'}: every data file that held a deleted row was rewritten",
-            f"{root / '_indices'}: full-text index rebuilt, vector index remapped",
+            f"{root / '_indices'}: text index rebuilt; vector and owner indexes remapped past deleted rows",
             f"{root / '_versions'}: every older version deleted",
         ]
 
@@ -283,10 +283,9 @@ class LanceDBMemoryStore(base.MemoryStore):
         try:
             dataset = self._table.to_lance()
             dataset.optimize.compact_files(materialize_deletions_threshold=0.0)
-            step = "index rebuild"
+            step = "index rebuild"  # compaction already remapped the other indexes past deleted rows
             self._table = self._db.open_table(TABLE)
             _fts_index(self._table)
-            self._table.optimize()
             step = "cleanup of old versions"
             self._table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
         except (OSError, RuntimeError, ValueError) as exc:
