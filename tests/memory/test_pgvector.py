@@ -109,6 +109,7 @@ def test_filtered_search_uses_iterative_hnsw_scans(postgres_url: str) -> None:
     event.listen(store.db.engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
     assert len(store.search("alice", "tea", k=5)) == 5
     assert any("hnsw.iterative_scan = relaxed_order" in s for s in seen)
+    assert any("force_custom_plan" in s for s in seen)
     store.close()
 
 

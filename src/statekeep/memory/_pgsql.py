@@ -77,6 +77,10 @@ def _secure(conn: Connection, table: str) -> None:
 MIGRATIONS = [Migration(1, "memories, partitioned by owner, with row-level security", _create)]
 
 
+#: How many memories an owner has, counting no further than ``:n`` (an index-only scan).
+BOUNDED_COUNT = f"SELECT count(*) FROM (SELECT 1 FROM {TABLE} WHERE owner = :owner LIMIT :n) AS s"
+
+
 def literal(value: str) -> str:
     """A SQL string literal (standard_conforming_strings: only quotes are special)."""
     if "\x00" in value:

@@ -60,12 +60,20 @@ class PgVectorMemoryStore(base.MemoryStore):
         db: a URL or a :class:`~statekeep.db.Database` (it may be shared with the other stores).
         embedder: defaults to all-MiniLM-L6-v2.
         ef_search: HNSW candidate list size; larger is slower and more exact.
+        exact_below: an owner with fewer memories is searched exactly (complete, and fast at
+            that size); a bigger one through the HNSW index with iterative scans.
     """
 
     backend = "pgvector"
 
     def __init__(
-        self, db: Database | str, embedder: Embedder | None = None, *, ef_search: int = 100, **kw: Any
+        self,
+        db: Database | str,
+        embedder: Embedder | None = None,
+        *,
+        ef_search: int = 100,
+        exact_below: int = 5_000,
+        **kw: Any,
     ):
         super().__init__(embedder, **kw)
         self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_MEMORY_URL")
@@ -74,6 +82,7 @@ class PgVectorMemoryStore(base.MemoryStore):
                 self.db.setting, str(self.db.url), "pgvector memory needs a PostgreSQL database"
             )
         self.ef_search = int(ef_search)
+        self.exact_below = int(exact_below)
         try:
             # a worker role may lack CREATE: it only needs the schema to be current already
             if current_version(self.db, "memory", q.SCHEMA) != len(q.MIGRATIONS):
@@ -150,19 +159,31 @@ class PgVectorMemoryStore(base.MemoryStore):
         clause, params = q.scope_where(to_us(now), filters)
         sql = q.nearest_sql(self.embedder.name, vector.shape[0], clause)
         with self._scoped(owner, write=False) as conn:
-            conn.exec_driver_sql("SET LOCAL hnsw.iterative_scan = relaxed_order")
-            conn.exec_driver_sql(f"SET LOCAL hnsw.ef_search = {self.ef_search}")
+            self._plan(conn, owner)
             rows = conn.execute(sa.text(sql), {**params, "owner": owner, "q": _vec(vector), "k": k})
             found = [(from_row(dict(r._mapping)), 1.0 - float(r.distance)) for r in rows]
         # relaxed_order may return neighbours slightly out of order: sort them here
         return [SearchResult(m, s) for m, s in sorted(found, key=lambda x: -x[1])]
+
+    def _plan(self, conn: Connection, owner: str) -> None:
+        """Steer the plan: exact for a small owner, HNSW with iterative scans for a big one.
+
+        Custom plans always: a generic plan of a prepared statement (psycopg prepares after
+        five runs) neither prunes partitions at plan time nor uses the index well.
+        """
+        conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
+        conn.exec_driver_sql("SET LOCAL hnsw.iterative_scan = relaxed_order")
+        conn.exec_driver_sql(f"SET LOCAL hnsw.ef_search = {self.ef_search}")
+        count = conn.execute(sa.text(q.BOUNDED_COUNT), {"owner": owner, "n": self.exact_below}).scalar_one()
+        if count >= self.exact_below:  # ORDER BY ... LIMIT through the index, not a sort of every row
+            conn.exec_driver_sql("SET LOCAL enable_sort = off")
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         clause, params = q.scope_where(to_us(now), None)
         sql = q.nearest_each_sql(self.embedder.name, vectors.shape[1], clause)
         found: list[SearchResult | None] = [None] * len(vectors)
         with self._scoped(owner, write=False) as conn:
-            conn.exec_driver_sql("SET LOCAL hnsw.iterative_scan = relaxed_order")
+            self._plan(conn, owner)
             rows = conn.execute(sa.text(sql), {**params, "owner": owner, "vs": [_vec(v) for v in vectors]})
             for r in rows:
                 found[int(r.i) - 1] = SearchResult(from_row(dict(r._mapping)), 1.0 - float(r.distance))
@@ -171,6 +192,7 @@ class PgVectorMemoryStore(base.MemoryStore):
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
         clause, params = q.scope_where(to_us(now), filters)
         with self._scoped(owner, write=False) as conn:
+            conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
             rows = conn.execute(
                 sa.text(q.text_sql(clause)), {**params, "owner": owner, "query": query, "k": k}
             )
