@@ -12,7 +12,7 @@ import numpy as np
 
 from statekeep.memory import base
 from statekeep.memory._types import Filters, Memory, SearchResult
-from statekeep.memory.embedders import Vectors
+from statekeep.memory.embedders import Embedder, Vectors
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -39,7 +39,9 @@ class InMemoryMemoryStore(base.MemoryStore):
 
     backend = "memory"
 
-    def __init__(self, embedder: Any = None, *, shared: InMemoryMemoryStore | None = None, **kw: Any) -> None:
+    def __init__(
+        self, embedder: Embedder | None = None, *, shared: InMemoryMemoryStore | None = None, **kw: Any
+    ) -> None:
         super().__init__(embedder, **kw)
         self._rows: dict[str, dict[str, tuple[Memory, Vectors]]] = shared._rows if shared else {}
         self._lock: threading.RLock = shared._lock if shared else threading.RLock()

@@ -74,7 +74,7 @@ class PgVectorMemoryStore(base.MemoryStore):
         ef_search: int = 100,
         exact_below: int = 5_000,
         **kw: Any,
-    ):
+    ) -> None:
         super().__init__(embedder, **kw)
         self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_MEMORY_URL")
         if self.db.name != "postgresql":
