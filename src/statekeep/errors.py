@@ -20,7 +20,11 @@ them (``setting``, ``run_id``, ``owner``, ...) and build their own message::
     ├── StorageError                the database refused or lost an operation
     ├── WorkflowError               (store 3: workflow; see the workflow section)
     ├── ContextError                (store 1: context; see the context section)
-    ├── MemoryStoreError            (store 4: memory; see the memory section)
+    ├── MemoryStoreError            (store 4: memory)
+    │   ├── MemoryNotFoundError     (also a NotFoundError)
+    │   ├── EmbedderError           an embedder failed to load or returned bad vectors
+    │   ├── MemoryLockedError       a LanceDB folder has another writer (also a ConfigError)
+    │   └── ErasureError            rows deleted, but a file could not be rewritten
     └── ModelError                  a model call failed
 
 ``Suspended`` is the one exception outside the tree: it derives from
@@ -350,6 +354,46 @@ class EventsPrunedError(ContextError):
 
 class MemoryStoreError(StatekeepError):
     """Base of the long-term memory store's errors."""
+
+
+class MemoryNotFoundError(MemoryStoreError, NotFoundError):
+    """The owner has no memory with this id (another owner's memory is never visible)."""
+
+    def __init__(self, owner: str, memory_id: str) -> None:
+        self.owner = owner
+        self.memory_id = memory_id
+        super().__init__(f"owner {owner!r} has no memory {memory_id!r}")
+
+
+class EmbedderError(MemoryStoreError):
+    """An embedder could not be loaded, or returned vectors of the wrong shape."""
+
+    def __init__(self, model: str, reason: str) -> None:
+        self.model = model
+        self.reason = reason
+        super().__init__(f"embedder {model!r}: {reason}")
+
+
+class MemoryLockedError(MemoryStoreError, ConfigError):
+    """A LanceDB memory folder is already open for writing by another store or process."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            "STATEKEEP_MEMORY_URL",
+            path,
+            "this LanceDB folder is already open by another writer; LanceDB memory is for one "
+            "machine and one writer, so many workers must use pgvector (a postgresql:// URL)",
+        )
+
+
+class ErasureError(MemoryStoreError):
+    """An erasure deleted the rows but could not rewrite every file that held them."""
+
+    def __init__(self, owner: str, step: str, reason: str) -> None:
+        self.owner = owner
+        self.step = step
+        super().__init__(f"erasing owner {owner!r} failed at {step}: {reason}; run forget again")
 
 
 # --- runtime and models -----------------------------------------------------------------

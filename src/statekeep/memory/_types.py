@@ -1,0 +1,181 @@
+"""Records of the long-term memory store: memories, their provenance, search results, receipts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+MemoryKind = Literal["semantic", "episodic", "procedural"]
+SourceKind = Literal["user_supplied", "agent_inferred", "system_verified", "imported"]
+SearchMode = Literal["vector", "hybrid"]
+
+MEMORY_KINDS: tuple[MemoryKind, ...] = ("semantic", "episodic", "procedural")
+SOURCE_KINDS: tuple[SourceKind, ...] = ("user_supplied", "agent_inferred", "system_verified", "imported")
+
+#: The trust a memory gets from its source kind when the caller does not set one.
+DEFAULT_TRUST: Mapping[SourceKind, float] = {
+    "system_verified": 1.0,
+    "user_supplied": 0.8,
+    "imported": 0.5,
+    "agent_inferred": 0.4,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Where a memory came from: the session, run and event, and what kind of source.
+
+    Example:
+        >>> Provenance("user_supplied", session_id="s-1", run_id="r-7", event_id="e-42").trust
+        0.8
+    """
+
+    source: SourceKind = "agent_inferred"
+    session_id: str | None = None
+    run_id: str | None = None
+    event_id: str | None = None
+    #: How far the memory may be believed, in [0, 1]; defaults from ``source`` (``DEFAULT_TRUST``).
+    trust: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.trust is None and self.source in DEFAULT_TRUST:
+            object.__setattr__(self, "trust", DEFAULT_TRUST[self.source])
+
+    def as_dict(self) -> dict[str, Any]:
+        """The provenance as a JSON-ready dict."""
+        return {
+            "source": self.source,
+            "session_id": self.session_id,
+            "run_id": self.run_id,
+            "event_id": self.event_id,
+            "trust": self.trust,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryInput:
+    """One memory to write, before the store gives it an id, a time and an embedding."""
+
+    content: str
+    kind: MemoryKind = "semantic"
+    tags: tuple[str, ...] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    provenance: Provenance = field(default_factory=Provenance)
+    expires_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=True)
+class Memory:
+    """One stored memory of one owner.
+
+    ``superseded_by`` names the memory that replaced this one; ``duplicate_of``
+    names the earlier memory this one repeats. Neither kind is returned by
+    search; both stay readable with :meth:`MemoryStore.get` and in exports.
+    """
+
+    id: str
+    owner: str
+    content: str
+    kind: MemoryKind
+    tags: tuple[str, ...]
+    metadata: Mapping[str, Any]
+    provenance: Provenance
+    model: str
+    created_at: datetime
+    expires_at: datetime | None = None
+    superseded_by: str | None = None
+    duplicate_of: str | None = None
+
+    @property
+    def trust(self) -> float:
+        """The memory's trust, from its provenance."""
+        return float(self.provenance.trust if self.provenance.trust is not None else 0.0)
+
+    @property
+    def is_current(self) -> bool:
+        """True unless superseded or a duplicate of another memory."""
+        return self.superseded_by is None and self.duplicate_of is None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The memory as a JSON-ready dict (times in ISO 8601)."""
+        return {
+            "id": self.id,
+            "owner": self.owner,
+            "content": self.content,
+            "kind": self.kind,
+            "tags": list(self.tags),
+            "metadata": dict(self.metadata),
+            "provenance": self.provenance.as_dict(),
+            "model": self.model,
+            "created_at": self.created_at.isoformat(),
+            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+            "superseded_by": self.superseded_by,
+            "duplicate_of": self.duplicate_of,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    """A memory found by a search, with its score (higher is better).
+
+    For vector search the score is the cosine similarity; for hybrid search it
+    is the reciprocal-rank-fusion score of the vector and full-text rankings.
+    """
+
+    memory: Memory
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetReceipt:
+    """What an erasure removed, and where.
+
+    ``locations`` lists every place that was rewritten so that no copy remains
+    (a table, its TOAST and indexes; a LanceDB table's data files, old versions
+    and indexes). ``not_reached`` says plainly what erasure cannot touch by itself.
+    """
+
+    owner: str
+    removed: int
+    memory_ids: tuple[str, ...]
+    backend: str
+    locations: tuple[str, ...]
+    not_reached: tuple[str, ...]
+    finished_at: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        """The receipt as a JSON-ready dict."""
+        return {
+            "owner": self.owner,
+            "removed": self.removed,
+            "memory_ids": list(self.memory_ids),
+            "backend": self.backend,
+            "locations": list(self.locations),
+            "not_reached": list(self.not_reached),
+            "finished_at": self.finished_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """Search filters; every field narrows. Built by :meth:`MemoryStore.search`."""
+
+    kinds: tuple[MemoryKind, ...] = ()
+    tags: tuple[str, ...] = ()  # a memory must carry every one of these tags
+    since: datetime | None = None
+    until: datetime | None = None
+    sources: tuple[SourceKind, ...] = ()
+    min_trust: float | None = None
+
+    def matches(self, memory: Memory) -> bool:
+        """True when ``memory`` passes every filter (the pure reference used by tests and memory)."""
+        return (
+            (not self.kinds or memory.kind in self.kinds)
+            and set(self.tags) <= set(memory.tags)
+            and (self.since is None or memory.created_at >= self.since)
+            and (self.until is None or memory.created_at < self.until)
+            and (not self.sources or memory.provenance.source in self.sources)
+            and (self.min_trust is None or memory.trust >= self.min_trust)
+        )

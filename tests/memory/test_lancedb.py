@@ -1,0 +1,80 @@
+"""LanceDB specifics: physical erasure in every Lance file, one writer per folder, safe filters, the index."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from statekeep.errors import ConfigError, MemoryLockedError
+from statekeep.memory import FakeEmbedder, SentenceTransformerEmbedder
+from statekeep.memory.lancedb import LanceDBMemoryStore, decode_folder, quote
+
+
+def files_with(folder: Path, marker: str) -> list[str]:
+    """Every file of the folder whose decoded content (deleted rows included) holds ``marker``."""
+    return [str(f.relative_to(folder)) for f, text in decode_folder(folder) if marker in text]
+
+
+def test_invariant_8_forget_leaves_the_owner_in_no_lance_file(
+    tmp_path: Path, real_embedder: SentenceTransformerEmbedder
+) -> None:
+    """After forget, no Lance data, deletion or index file (old versions included) decodes to the marker."""
+    folder = tmp_path / "memory"
+    store = LanceDBMemoryStore(folder, real_embedder)
+    store.remember_many("bob", [f"Bob's note number {i} about gardening." for i in range(300)])
+    marker = f"zq{uuid.uuid4().hex}"
+    store.remember("alice", f"Alice's locker code is {marker}.")
+    store.optimize(min_rows_for_index=100)  # one file shared with bob's rows, plus vector and text indexes
+    assert any(name.startswith("memories.lance/_indices") for name, _ in _names(folder))
+    # a plain delete only writes a deletion file: the row still decodes from its data file (under 10% deleted)
+    store._table.delete("owner = 'alice'")
+    assert files_with(folder, marker), "the reader must see deleted rows, or this test proves nothing"
+    receipt = store.forget("alice")
+    assert files_with(folder, marker) == []
+    assert receipt.locations
+    assert receipt.not_reached
+    assert len(store.list_memories("bob")) == 300
+    assert store.search("bob", "gardening", k=3)[0].memory.owner == "bob"
+    store.close()
+
+
+def _names(folder: Path) -> list[tuple[str, int]]:
+    return [(str(p.relative_to(folder)), p.stat().st_size) for p in folder.rglob("*") if p.is_file()]
+
+
+def test_a_second_writer_on_the_same_folder_fails_clearly(tmp_path: Path) -> None:
+    """LanceDB is for one writer: a second store on the folder gets MemoryLockedError, a ConfigError."""
+    first = LanceDBMemoryStore(tmp_path / "m", FakeEmbedder())
+    with pytest.raises(MemoryLockedError) as info:
+        LanceDBMemoryStore(tmp_path / "m", FakeEmbedder())
+    assert isinstance(info.value, ConfigError)
+    assert "pgvector" in str(info.value)
+    first.close()
+    with LanceDBMemoryStore(tmp_path / "m", FakeEmbedder()) as again:
+        assert again.list_memories("anyone") == []
+
+
+def test_quote_doubles_single_quotes_only() -> None:
+    """A filter literal doubles quotes and leaves backslashes and wildcards alone."""
+    assert quote("a' OR '1'='1") == "'a'' OR ''1''=''1'"
+    assert quote("%_\\") == "'%_\\'"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(owner=st.text(st.characters(exclude_characters="\x00"), min_size=1, max_size=24))
+def test_any_owner_string_sees_exactly_its_own_memories(
+    tmp_path_factory: pytest.TempPathFactory, owner: str
+) -> None:
+    """For any owner string, list and search return that owner's memories and nobody else's."""
+    folder = tmp_path_factory.mktemp("lance")
+    with LanceDBMemoryStore(folder, FakeEmbedder(16)) as store:
+        store.remember("control", "control note")
+        store.remember(owner, "owner note")
+        assert [m.owner for m in store.list_memories(owner)] == [owner]
+        assert [r.memory.owner for r in store.search(owner, "note", k=10, mode="hybrid")] == [owner]
+        assert store.forget(owner).removed == 1
+        assert len(store.list_memories("control")) == (0 if owner == "control" else 1)
