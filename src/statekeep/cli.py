@@ -1,63 +1,457 @@
-"""The ``statekeep`` command line."""
+"""The ``statekeep`` command line: runs, approvals, workers, memory, context, the database, the demo.
+
+Every command reads the same settings as the library (``--database-url``,
+``--memory-url``, ``--home`` or the ``STATEKEEP_*`` environment). A failure
+prints a one-line reason and exits non-zero, without a traceback.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+import importlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
 
 from statekeep.config import Settings
-from statekeep.errors import StatekeepError
+from statekeep.errors import InvalidInputError, StatekeepError
+
+if TYPE_CHECKING:
+    from statekeep.memory import MemoryStore
+    from statekeep.runtime import Runtime
+    from statekeep.workflow import WorkflowStore
 
 app = typer.Typer(help="Durable state for AI agents.", no_args_is_help=True, pretty_exceptions_enable=False)
+runs_app = typer.Typer(help="Workflow runs.", no_args_is_help=True)
+approvals_app = typer.Typer(help="Approvals waiting for a person.", no_args_is_help=True)
+memory_app = typer.Typer(help="Long-term memory, per owner.", no_args_is_help=True)
+context_app = typer.Typer(help="Session context.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
-app.add_typer(db_app, name="db")
+for sub, name in (
+    (runs_app, "runs"),
+    (approvals_app, "approvals"),
+    (memory_app, "memory"),
+    (context_app, "context"),
+    (db_app, "db"),
+):
+    app.add_typer(sub, name=name)
 console = Console()
 err_console = Console(stderr=True)
 
 DatabaseURL = Annotated[
-    str | None,
-    typer.Option("--database-url", envvar="STATEKEEP_DATABASE_URL", help="SQL stores' URL."),
+    str | None, typer.Option("--database-url", envvar="STATEKEEP_DATABASE_URL", help="URL of the SQL stores.")
+]
+MemoryURL = Annotated[
+    str | None, typer.Option("--memory-url", envvar="STATEKEEP_MEMORY_URL", help="Memory folder or URL.")
 ]
 Home = Annotated[str | None, typer.Option("--home", envvar="STATEKEEP_HOME", help="Embedded data folder.")]
 
 
-@app.command()
-def demo(database_url: DatabaseURL = None, home: Home = None) -> None:
-    """Run the narrated demo on the embedded default (or --database-url)."""
-    from statekeep import demo as demo_module
+def _settings(database_url: str | None, home: str | None, memory_url: str | None = None) -> Settings:
+    settings = Settings.load(home=home, database_url=database_url, memory_url=memory_url)
+    settings.check()
+    return settings
 
-    demo_module.run(Settings.load(home=home, database_url=database_url), console)
+
+def _workflow(database_url: str | None, home: str | None) -> WorkflowStore:
+    from statekeep.workflow import WorkflowStore
+
+    return WorkflowStore(_settings(database_url, home).url_for("workflow"))
+
+
+def _memory(database_url: str | None, home: str | None, memory_url: str | None) -> MemoryStore:
+    from statekeep.memory import open_memory_store
+
+    return open_memory_store(_settings(database_url, home, memory_url).memory_url)
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+@runs_app.command("list")
+def runs_list(
+    status: Annotated[str | None, typer.Option(help="Only runs in this status.")] = None,
+    workflow: Annotated[str | None, typer.Option(help="Only runs of this workflow.")] = None,
+    limit: int = 100,
+    database_url: DatabaseURL = None,
+    home: Home = None,
+) -> None:
+    """List runs, oldest first."""
+    from statekeep.workflow import RunStatus
+
+    wanted = None if status is None else _status(status, RunStatus)
+    table = Table("run id", "workflow", "status", "steps", "updated")
+    for run in _workflow(database_url, home).list_runs(status=wanted, workflow=workflow, limit=limit):
+        table.add_row(
+            run.run_id,
+            f"{run.workflow} v{run.version}",
+            run.status,
+            str(run.last_seq),
+            f"{run.updated_at:%Y-%m-%d %H:%M:%S}",
+        )
+    console.print(table)
+
+
+@runs_app.command("show")
+def runs_show(run_id: str, database_url: DatabaseURL = None, home: Home = None) -> None:
+    """Show one run: status, input, output, error, checkpoint."""
+    run = _workflow(database_url, home).get(run_id)
+    table = Table("field", "value", show_header=False)
+    for name in (
+        "run_id",
+        "workflow",
+        "version",
+        "status",
+        "input",
+        "output",
+        "error",
+        "parent_id",
+        "created_at",
+        "updated_at",
+        "finished_at",
+        "last_seq",
+        "state_version",
+        "cursor",
+        "waiting",
+    ):
+        table.add_row(name, _text(getattr(run, name)))
+    console.print(table)
+
+
+@runs_app.command("events")
+def runs_events(run_id: str, database_url: DatabaseURL = None, home: Home = None) -> None:
+    """The run's timeline: journal entries, tool calls and approvals, in order."""
+    store = _workflow(database_url, home)
+    store.get(run_id)
+    rows: list[tuple[Any, str, str, str]] = []
+    for s in store.steps(run_id):
+        rows.append(
+            (
+                s.finished_at,
+                f"{s.kind} #{s.seq}",
+                s.name,
+                f"attempt {s.attempt}, state v{s.state_version}, cursor {s.cursor}",
+            )
+        )
+    for t in store.tool_calls(run_id):
+        rows.append((t.started_at, f"tool #{t.seq}", t.tool, f"{t.status}, key {t.key}"))
+    for a in store.approvals(status=None, run_id=run_id):
+        rows.append((a.created_at, f"approval #{a.seq}", a.action, f"{a.status} by {a.decided_by or '-'}"))
+    table = Table("time", "event", "name", "detail", title=f"run {run_id}")
+    for at, kind, name, detail in sorted(rows, key=lambda r: r[0]):
+        table.add_row(f"{at:%H:%M:%S.%f}"[:-3], kind, name, detail)
+    console.print(table)
+
+
+@runs_app.command("cancel")
+def runs_cancel(run_id: str, database_url: DatabaseURL = None, home: Home = None) -> None:
+    """Cancel a live run; no worker will advance it again."""
+    run = _workflow(database_url, home).cancel(run_id)
+    console.print(f"run {run.run_id}: {run.status}")
+
+
+# --- approvals -------------------------------------------------------------------------------
+
+
+@approvals_app.command("list")
+def approvals_list(
+    run: Annotated[str | None, typer.Option("--run", help="Only this run's approvals.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Decided ones too.")] = False,
+    database_url: DatabaseURL = None,
+    home: Home = None,
+) -> None:
+    """List approvals waiting for a decision (``--all`` for every one)."""
+    table = Table("approval id", "run", "kind", "action", "arguments", "reason", "status", "expires")
+    for a in _workflow(database_url, home).approvals(status=None if all_ else "pending", run_id=run):
+        expires = "-" if a.expires_at is None else f"{a.expires_at:%Y-%m-%d %H:%M}"
+        table.add_row(
+            a.approval_id, a.run_id, a.kind, a.action, json.dumps(a.args), a.reason, a.status, expires
+        )
+    console.print(table)
+
+
+By = Annotated[str, typer.Option("--by", help="Who decides (required, recorded).")]
+
+
+@approvals_app.command("approve")
+def approvals_approve(
+    approval_id: str, by: By, comment: str | None = None, database_url: DatabaseURL = None, home: Home = None
+) -> None:
+    """Approve: the gated action may run, with exactly the arguments shown."""
+    a = _workflow(database_url, home).decide(approval_id, approve=True, by=by, comment=comment)
+    console.print(f"approval {a.approval_id}: {a.status} by {a.decided_by}; run {a.run_id} can resume")
+
+
+@approvals_app.command("reject")
+def approvals_reject(
+    approval_id: str, by: By, comment: str | None = None, database_url: DatabaseURL = None, home: Home = None
+) -> None:
+    """Reject: the gated action will not run."""
+    a = _workflow(database_url, home).decide(approval_id, approve=False, by=by, comment=comment)
+    console.print(f"approval {a.approval_id}: {a.status} by {a.decided_by}")
+
+
+# --- worker ----------------------------------------------------------------------------------
+
+
+@app.command()
+def worker(
+    app_path: Annotated[
+        str, typer.Option("--app", help="module:callable returning a Runtime (given Settings).")
+    ],
+    idle_exit: Annotated[float | None, typer.Option(help="Exit after this many idle seconds.")] = None,
+    poll: float = 0.05,
+    max_poll: float = 2.0,
+    batch: int = 1,
+    database_url: DatabaseURL = None,
+    home: Home = None,
+    memory_url: MemoryURL = None,
+) -> None:
+    """Run a worker loop: claim runnable runs under a lease and execute them (Ctrl-C stops)."""
+    factory = _load(app_path)
+    runtime = factory(_settings(database_url, home, memory_url))
+    try:
+        handled = runtime.worker(poll=poll, max_poll=max_poll, batch=batch).run(idle_exit=idle_exit)
+    finally:
+        runtime.close()
+    console.print(f"worker handled {handled} runs")
+
+
+def _load(path: str) -> Callable[[Settings], Runtime]:
+    module, _, attr = path.partition(":")
+    if not module or not attr:
+        raise InvalidInputError("expected module:callable", field="--app")
+    try:
+        target = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidInputError(f"cannot load {path!r}: {exc}", field="--app") from exc
+    if not callable(target):
+        raise InvalidInputError(f"{path!r} is not callable", field="--app")
+    return target  # type: ignore[no-any-return]
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+
+@memory_app.command("search")
+def memory_search(
+    owner: str,
+    query: str,
+    k: int = 5,
+    hybrid: Annotated[bool, typer.Option(help="Vector plus full-text search.")] = False,
+    database_url: DatabaseURL = None,
+    home: Home = None,
+    memory_url: MemoryURL = None,
+) -> None:
+    """Search an owner's memories by meaning, with provenance."""
+    store = _memory(database_url, home, memory_url)
+    try:
+        hits = store.search(owner, query, k=k, mode="hybrid" if hybrid else "vector")
+    finally:
+        store.close()
+    table = Table("score", "memory", "kind", "source", "session", "run", "event", "id")
+    for h in hits:
+        m, p = h.memory, h.memory.provenance
+        table.add_row(
+            f"{h.score:.3f}",
+            m.content,
+            m.kind,
+            p.source,
+            _text(p.session_id),
+            _text(p.run_id),
+            _text(p.event_id),
+            m.id,
+        )
+    console.print(table)
+
+
+@memory_app.command("add")
+def memory_add(
+    owner: str,
+    content: str,
+    kind: str = "semantic",
+    tag: Annotated[list[str] | None, typer.Option(help="A tag (repeatable).")] = None,
+    source: str = "user_supplied",
+    database_url: DatabaseURL = None,
+    home: Home = None,
+    memory_url: MemoryURL = None,
+) -> None:
+    """Add a memory for an owner."""
+    from statekeep.memory import Provenance
+
+    store = _memory(database_url, home, memory_url)
+    try:
+        m = store.remember(owner, content, kind=kind, tags=tag or (), provenance=Provenance(source))  # type: ignore[arg-type]
+    finally:
+        store.close()
+    console.print(f"remembered {m.id} for {owner}")
+
+
+@memory_app.command("forget")
+def memory_forget(
+    owner: str,
+    memory_id: Annotated[str | None, typer.Option("--id", help="Forget only this memory.")] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    database_url: DatabaseURL = None,
+    home: Home = None,
+    memory_url: MemoryURL = None,
+) -> None:
+    """Erase an owner's memories (or one), leaving nothing recoverable; prints the receipt."""
+    what = f"memory {memory_id} of {owner!r}" if memory_id else f"ALL memories of {owner!r}"
+    if not yes and not typer.confirm(f"Erase {what}?"):
+        raise typer.Abort()
+    store = _memory(database_url, home, memory_url)
+    try:
+        receipt = store.forget_one(owner, memory_id) if memory_id else store.forget(owner)
+    finally:
+        store.close()
+    console.print_json(json.dumps(receipt.as_dict()))
+
+
+@memory_app.command("export")
+def memory_export(
+    owner: str,
+    out: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")] = None,
+    database_url: DatabaseURL = None,
+    home: Home = None,
+    memory_url: MemoryURL = None,
+) -> None:
+    """Export an owner's memories as JSON."""
+    store = _memory(database_url, home, memory_url)
+    try:
+        data = store.export(owner)
+    finally:
+        store.close()
+    if out is None:
+        console.print_json(data)
+    else:
+        out.write_text(data)
+        console.print(f"wrote {out}")
+
+
+@memory_app.command("reembed")
+def memory_reembed(
+    batch_size: int = 256, database_url: DatabaseURL = None, home: Home = None, memory_url: MemoryURL = None
+) -> None:
+    """Re-embed every memory stored by another embedding model, in batches."""
+    store = _memory(database_url, home, memory_url)
+    try:
+        with Progress(console=console) as progress:
+            task = progress.add_task("re-embedding", total=None)
+            n = store.reembed(
+                batch_size=batch_size,
+                progress=lambda done, total: progress.update(task, completed=done, total=total),
+            )
+    finally:
+        store.close()
+    console.print(f"re-embedded {n} memories")
+
+
+# --- context ---------------------------------------------------------------------------------
+
+
+@context_app.command("show")
+def context_show(
+    session: str,
+    budget: int = 8000,
+    system: str | None = None,
+    database_url: DatabaseURL = None,
+    home: Home = None,
+) -> None:
+    """What the next model call of a session would see, and its tokens per section."""
+    from statekeep.context import SQLContextStore
+
+    store = SQLContextStore(_settings(database_url, home).url_for("context"))
+    built = store.build(session, budget, system=system, compact=False)
+    report = built.report
+    table = Table(
+        "section",
+        "tokens",
+        title=f"session {session}: {report.total} of {report.budget} tokens ({report.counter})",
+    )
+    for name in ("system", "pinned", "memories", "summary", "window"):
+        table.add_row(name, str(getattr(report, name)))
+    console.print(table)
+    for message in built.messages:
+        console.print(f"[bold]{message.role}[/]: {message.content}", highlight=False)
+        for call in message.tool_calls:
+            console.print(
+                f"  -> {call.name}({json.dumps(dict(call.arguments))}) [{call.id}]", highlight=False
+            )
+
+
+# --- database and demo -------------------------------------------------------------------------
 
 
 @db_app.command("upgrade")
 def db_upgrade(database_url: DatabaseURL = None, home: Home = None) -> None:
-    """Create or upgrade every store's tables (idempotent)."""
-    from statekeep.db import Database
-    from statekeep.working import sql as working_sql
+    """Create or upgrade every SQL store's tables (idempotent; safe from many workers)."""
+    from statekeep.context import SQLContextStore
+    from statekeep.workflow import WorkflowStore
+    from statekeep.working import SQLWorkingStateStore
 
-    settings = Settings.load(home=home, database_url=database_url)
-    settings.check()
-    db = Database(settings.url_for("working"))
-    working_sql.setup(db)
-    console.print(f"working state: up to date in {db!r}")
+    settings = _settings(database_url, home)
+    for name, open_store in (
+        ("context", SQLContextStore),
+        ("working", SQLWorkingStateStore),
+        ("workflow", WorkflowStore),
+    ):
+        store = open_store(settings.url_for(name))
+        console.print(f"{name}: up to date")
+        store.db.dispose()
+
+
+@app.command()
+def demo(database_url: DatabaseURL = None, home: Home = None, memory_url: MemoryURL = None) -> None:
+    """Run the narrated demo on the embedded default (or --database-url)."""
+    from statekeep import demo as demo_module
+
+    demo_module.run(Settings.load(home=home, database_url=database_url, memory_url=memory_url), console)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _status(value: str, kind: Any) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        raise InvalidInputError(
+            f"unknown status {value!r}; one of {[s.value for s in kind]}", field="--status"
+        ) from None
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def main() -> None:
     """Entry point: a StatekeepError prints one line and exits 1, without a traceback."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from installed packages, never a hub
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         app(standalone_mode=False)
     except StatekeepError as exc:
-        err_console.print(f"[red]error:[/] {exc}")
+        err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         raise SystemExit(1) from None
     except (typer.Abort, KeyboardInterrupt):
         err_console.print("aborted")
-        raise SystemExit(130) from None
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            raise SystemExit(exc.exit_code) from None
-        raise
+        raise SystemExit(1) from None
+    except typer.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
+    except typer.TyperException as exc:  # usage errors: a missing --by, an unknown option
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        else:
+            err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        raise SystemExit(int(getattr(exc, "exit_code", 2))) from None

@@ -199,8 +199,8 @@ class Event:
         return json.dumps(self.payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-MemorySource = Literal["user_supplied", "agent_inferred", "system_verified"]
-MEMORY_SOURCES = ("user_supplied", "agent_inferred", "system_verified")
+MemorySource = Literal["user_supplied", "agent_inferred", "system_verified", "imported"]
+MEMORY_SOURCES = ("user_supplied", "agent_inferred", "system_verified", "imported")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,173 @@
+"""The statekeep command line, every command, on both backends; failures are one line, no traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from statekeep.cli import main
+from statekeep.config import Settings
+from statekeep.runtime import Runtime
+from tests.runtime import agent_app
+from tests.runtime.conftest import ROOT, subprocess_env
+
+
+@pytest.fixture
+def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+    """Run ``statekeep ARGS`` in this process against the test's stores; return (exit code, output)."""
+    monkeypatch.setenv("STATEKEEP_HOME", str(settings.home))
+    monkeypatch.setenv("STATEKEEP_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("STATEKEEP_MEMORY_URL", settings.memory_url)
+    monkeypatch.setenv("COLUMNS", "250")
+
+    def run(*args: str, stdin: str | None = None) -> tuple[int, str]:
+        monkeypatch.setattr(sys, "argv", ["statekeep", *args])
+        if stdin is not None:
+            import io
+
+            monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        code = 0
+        try:
+            main()
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out = capsys.readouterr()
+        return code, out.out + out.err
+
+    return run
+
+
+@pytest.fixture
+def waiting_run(runtime: Runtime) -> str:
+    """A run parked at its approval gate."""
+    runtime.run(agent_app.AGENT, "cli-run", owner=agent_app.OWNER, task="Plan a trip")
+    return "cli-run"
+
+
+def test_runs_list_show_events(cli, waiting_run: str) -> None:  # type: ignore[no-untyped-def]
+    """runs list/show/events show the run, its status and its timeline."""
+    code, out = cli("runs", "list")
+    assert code == 0
+    assert waiting_run in out
+    assert "waiting_for_approval" in out
+    code, out = cli("runs", "list", "--status", "completed")
+    assert waiting_run not in out
+    code, out = cli("runs", "show", waiting_run)
+    assert code == 0
+    assert "agent.trip" in out
+    code, out = cli("runs", "events", waiting_run)
+    assert code == 0
+    assert "model-0" in out
+    assert "lookup" in out
+    assert "approval" in out
+
+
+def test_approvals_need_an_approver_and_resume_the_run(cli, waiting_run: str, runtime: Runtime) -> None:  # type: ignore[no-untyped-def]
+    """approvals approve requires --by; once approved, the run finishes on resume."""
+    code, out = cli("approvals", "list")
+    assert code == 0
+    [approval] = runtime.engine.store.approvals(run_id=waiting_run)
+    assert approval.approval_id in out
+    code, out = cli("approvals", "approve", approval.approval_id)
+    assert code != 0
+    assert "--by" in out
+    code, out = cli("approvals", "approve", approval.approval_id, "--by", "boss@example.com")
+    assert code == 0
+    assert "approved" in out
+    code, out = cli("approvals", "reject", approval.approval_id, "--by", "boss@example.com")
+    assert code == 1
+    assert "Traceback" not in out
+    assert len(out.strip().splitlines()) == 1
+    assert runtime.resume(waiting_run).status == "completed"
+
+
+def test_reject_records_who_rejected(cli, waiting_run: str, runtime: Runtime) -> None:  # type: ignore[no-untyped-def]
+    """approvals reject records the decision and its author."""
+    [approval] = runtime.engine.store.approvals(run_id=waiting_run)
+    code, _ = cli("approvals", "reject", approval.approval_id, "--by", "boss@example.com", "--comment", "no")
+    assert code == 0
+    assert runtime.engine.store.approval(approval.approval_id).decided_by == "boss@example.com"
+
+
+def test_runs_cancel(cli, waiting_run: str, runtime: Runtime) -> None:  # type: ignore[no-untyped-def]
+    """runs cancel cancels a live run; cancelling again fails with one line."""
+    code, _ = cli("runs", "cancel", waiting_run)
+    assert code == 0
+    assert runtime.engine.store.get(waiting_run).status == "cancelled"
+    code, out = cli("runs", "cancel", waiting_run)
+    assert code == 1
+    assert len(out.strip().splitlines()) == 1
+
+
+def test_memory_add_search_export_forget(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """memory add/search/export/forget round-trip; forget asks first unless --yes."""
+    code, _ = cli("memory", "add", "ada", "Ada takes her coffee black", "--tag", "coffee")
+    assert code == 0
+    code, out = cli("memory", "search", "ada", "how does Ada drink coffee?")
+    assert code == 0
+    assert "Ada takes her coffee black" in out
+    assert "user_supplied" in out
+    code, out = cli("memory", "search", "bob", "coffee")
+    assert "Ada takes" not in out
+    code, _ = cli("memory", "export", "ada", "--out", str(tmp_path / "ada.json"))
+    assert code == 0
+    assert json.loads((tmp_path / "ada.json").read_text())
+    code, out = cli("memory", "forget", "ada", stdin="n\n")
+    assert code == 1
+    code, out = cli("memory", "search", "ada", "coffee")
+    assert "Ada takes" in out  # nothing erased without confirmation
+    code, out = cli("memory", "forget", "ada", "--yes")
+    assert code == 0
+    assert '"removed": 1' in out
+    code, out = cli("memory", "search", "ada", "coffee")
+    assert "Ada takes" not in out
+
+
+def test_context_show_reports_tokens_per_section(cli, waiting_run: str) -> None:  # type: ignore[no-untyped-def]
+    """context show prints what the next model call would see, with tokens per section."""
+    code, out = cli("context", "show", waiting_run, "--budget", "4000", "--system", "You plan trips.")
+    assert code == 0
+    for section in ("system", "pinned", "memories", "summary", "window"):
+        assert section in out
+    assert "Plan a trip" in out
+
+
+def test_db_upgrade_is_idempotent(cli) -> None:  # type: ignore[no-untyped-def]
+    """db upgrade creates every SQL store's tables, and a second run changes nothing."""
+    for _ in range(2):
+        code, out = cli("db", "upgrade")
+        assert code == 0
+        assert "workflow: up to date" in out
+
+
+def test_worker_finishes_an_approved_run(cli, waiting_run: str, runtime: Runtime) -> None:  # type: ignore[no-untyped-def]
+    """statekeep worker --app claims the approved run and finishes it, then exits when idle."""
+    [approval] = runtime.engine.store.approvals(run_id=waiting_run)
+    runtime.engine.store.decide(approval.approval_id, approve=True, by="boss@example.com")
+    runtime.close()  # a LanceDB memory folder has one writer at a time: the worker's turn now
+    code, out = cli("worker", "--app", "tests.runtime.agent_app:build_runtime", "--idle-exit", "0.5")
+    assert code == 0
+    assert "handled 1 runs" in out
+    run = runtime.engine.store.get(waiting_run)
+    assert run.status == "completed", run.error
+
+
+def test_bad_input_is_one_line_without_traceback(settings: Settings) -> None:
+    """A failure (unknown run, bad URL, bad --app) prints one line and exits non-zero, as a real process."""
+    env = subprocess_env(settings)
+    for args in (
+        ["runs", "show", "no-such-run"],
+        ["runs", "list", "--database-url", "mysql://nope"],
+        ["worker", "--app", "no_such_module:thing", "--idle-exit", "0"],
+        ["runs", "list", "--status", "bogus"],
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", "statekeep", *args], env=env, capture_output=True, text=True, cwd=ROOT
+        )
+        assert out.returncode != 0, args
+        assert "Traceback" not in out.stderr + out.stdout
+        assert len(out.stderr.strip().splitlines()) == 1, (args, out.stderr)

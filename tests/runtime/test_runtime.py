@@ -1,0 +1,161 @@
+"""The runtime composes the four stores: one agent step from the stores alone, every time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from statekeep.config import Settings
+from statekeep.errors import InvalidInputError
+from statekeep.models import ModelResponse, ScriptedModel
+from statekeep.runtime import Agent, AgentState, Runtime
+from statekeep.workflow import RunStatus
+from tests.runtime import agent_app
+from tests.runtime.conftest import ROOT, effects, subprocess_env
+
+TASK = "Plan a trip"
+
+
+def _approve_all(rt: Runtime, run_id: str) -> None:
+    for approval in rt.engine.store.approvals(run_id=run_id):
+        rt.engine.store.decide(approval.approval_id, approve=True, by="tester@example.com")
+
+
+def _transcript(rt: Runtime, run_id: str) -> list[tuple[str, Any]]:
+    return [(e.kind, e.payload) for e in rt.context.events(run_id)]
+
+
+def test_agent_run_stops_at_the_gate_then_finishes_once_approved(runtime: Runtime) -> None:
+    """The gated tool waits for a person; after approval the run completes and each effect happened once."""
+    run = runtime.run(agent_app.AGENT, "trip-1", owner=agent_app.OWNER, task=TASK)
+    assert run.status is RunStatus.WAITING_FOR_APPROVAL
+    assert [e["kind"] for e in effects()] == ["lookup", "lookup", "note"]
+    _approve_all(runtime, "trip-1")
+    run = runtime.resume("trip-1")
+    assert run.status is RunStatus.COMPLETED
+    assert run.output == "done after 4 tool results"
+    assert Counter(e["kind"] for e in effects()) == {"lookup": 2, "note": 1, "send": 1}
+    state = runtime.working.load("trip-1", AgentState)
+    assert state.facts["send"] == {"sent": True, "to": "ada@example.com"}
+    assert state.cursor == runtime.context.last_seq("trip-1")
+    assert runtime.engine.store.get("trip-1").cursor == state.cursor
+
+
+def test_every_step_commits_state_and_cursor_with_its_completion(runtime: Runtime) -> None:
+    """Each model and observe step records the working-state version and context cursor it produced."""
+    runtime.run(agent_app.AGENT, "trip-2", owner=agent_app.OWNER, task=TASK)
+    steps = [s for s in runtime.engine.store.steps("trip-2") if s.kind == "step"]
+    assert steps
+    for step in steps:
+        assert step.state_version is not None
+        assert step.cursor is not None
+        state = runtime.working.load("trip-2", AgentState, version=step.state_version)
+        assert state.cursor == step.cursor
+
+
+def test_each_step_in_a_fresh_process_matches_one_process(settings: Settings) -> None:
+    """Running every turn in a new process gives the same transcript, state and effects as one process."""
+    one = agent_app.build_runtime(settings)
+    try:
+        one.run(agent_app.AGENT, "same", owner=agent_app.OWNER, task=TASK)
+        _approve_all(one, "same")
+        expected = one.resume("same")
+    finally:
+        one.close()
+    env = subprocess_env(settings)
+    statuses = []
+    for _ in range(12):
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "runtime" / "step_once.py"), "split"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        )
+        statuses.append(out.stdout.strip())
+        if statuses[-1] == "waiting_for_approval":
+            rt = agent_app.build_runtime(settings)
+            _approve_all(rt, "split")
+            rt.close()
+        if statuses[-1] == "completed":
+            break
+    assert statuses[-1] == "completed"
+    assert "sleeping" in statuses  # it really paused between turns
+    rt = agent_app.build_runtime(settings)
+    try:
+        split = rt.engine.store.get("split")
+        assert split.output == expected.output
+        assert _transcript(rt, "split") == _transcript(rt, "same")
+        a, b = rt.working.load("split", AgentState), rt.working.load("same", AgentState)
+        assert (a.facts.keys(), a.turn) == (b.facts.keys(), b.turn)
+    finally:
+        rt.close()
+    assert Counter(e["kind"] for e in effects()) == {"lookup": 4, "note": 2, "send": 2}
+
+
+def test_memory_written_in_a_run_carries_its_provenance(runtime: Runtime) -> None:
+    """A tool that calls runtime.remember() gets the run's owner, session, run and event for free."""
+    runtime.run(agent_app.AGENT, "trip-3", owner=agent_app.OWNER, task=TASK, session_id="chat-9")
+    [hit] = runtime.memory.search(agent_app.OWNER, "trip from Oslo to Rome", k=1)
+    p = hit.memory.provenance
+    assert (p.source, p.session_id, p.run_id) == ("agent_inferred", "chat-9", "trip-3")
+    asked = runtime.context.events("chat-9")[int(p.event_id or 0) - 1]
+    assert any(c["name"] == "note" for c in asked.payload["tool_calls"])
+
+
+def test_retrieved_memories_reach_the_model_as_a_data_block(settings: Settings) -> None:
+    """Memories of the owner are in the prompt, delimited as data, with provenance; other owners' are not."""
+    seen: list[list[dict[str, Any]]] = []
+
+    def model(messages: Any) -> ModelResponse:
+        seen.append(list(messages))
+        return ModelResponse(content="ok")
+
+    rt = Runtime.open(settings, model=ScriptedModel(model), embedder=agent_app.FakeEmbedder())
+    try:
+        rt.remember("Ada plans a trip to Rome in May", owner="ada", source="user_supplied")
+        rt.remember("Bob hates trips", owner="bob")
+        rt.run(Agent("echo", system="sys", tools=[]), "m-1", owner="ada", task="trip to Rome")
+    finally:
+        rt.close()
+    prompt = "\n".join(str(m.get("content")) for m in seen[0])
+    assert "Ada plans a trip to Rome in May" in prompt
+    assert "user_supplied" in prompt
+    assert "Bob hates trips" not in prompt
+    assert "<memories" in prompt
+
+
+def test_remember_outside_a_run_needs_an_owner(runtime: Runtime) -> None:
+    """Outside a run there is no provenance to borrow: the owner must be named."""
+    with pytest.raises(InvalidInputError):
+        runtime.remember("a fact")
+
+
+def test_async_model_works(settings: Settings) -> None:
+    """An async model is awaited by the same runtime."""
+
+    class Async:
+        name = "async-echo"
+
+        async def acomplete(self, messages: Any, tools: Any = ()) -> ModelResponse:
+            return ModelResponse(content=f"{len(messages)} messages")
+
+    rt = Runtime.open(settings, model=Async(), embedder=agent_app.FakeEmbedder())
+    try:
+        run = rt.run(Agent("a", system="s", tools=[]), "async-1", owner="o", task="hi")
+    finally:
+        rt.close()
+    assert run.status is RunStatus.COMPLETED
+    assert run.output.endswith("messages")
+
+
+def test_turns_must_be_positive(runtime: Runtime) -> None:
+    """A bad per-invocation turn limit is refused before anything runs."""
+    with pytest.raises(InvalidInputError):
+        runtime.run(agent_app.AGENT, "t", owner="o", task="x", turns=0)
+    assert runtime.engine.store.find("t") is None
