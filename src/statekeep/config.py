@@ -39,7 +39,7 @@ class MemoryURL:
 class Settings:
     """Where each store keeps its data. Build with :meth:`load`.
 
-    Example:
+    Examples:
         >>> s = Settings.load(home="/tmp/agent")
         >>> s.database_url
         'sqlite:////tmp/agent/statekeep.db'

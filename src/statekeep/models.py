@@ -106,7 +106,7 @@ class ScriptedModel:
     already in the messages, so the same conversation always gets the same
     answer, in any process.
 
-    Example:
+    Examples:
         >>> m = ScriptedModel([ModelResponse(content="hello")])
         >>> m.complete([{"role": "user", "content": "hi"}]).content
         'hello'
@@ -133,7 +133,7 @@ class OpenAIChatModel:
 
     Uses only the standard library. Nothing is sent until :meth:`complete` runs.
 
-    Example:
+    Examples:
         >>> m = OpenAIChatModel("gpt-4o-mini", base_url="http://127.0.0.1:8000/v1", api_key="k")
     """
 

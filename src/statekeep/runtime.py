@@ -10,7 +10,7 @@ An agent is a workflow of the workflow store: every model call and every tool
 call is a journaled step, so a crash, a restart or a wait of days for a person
 resumes after the last completed step, on any worker.
 
-Example:
+Examples:
     >>> from statekeep.models import ModelResponse, ScriptedModel
     >>> agent = Agent("greeter", system="You greet people.", tools=[])
     >>> rt = Runtime.open(Settings.load(home="/tmp/rt-doc"), model=ScriptedModel([ModelResponse("Hi!")]))

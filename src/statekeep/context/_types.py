@@ -50,7 +50,7 @@ class Message:
     message may carry ``tool_calls`` (all the parallel calls of one turn); a
     ``tool`` message is the result of the call named by ``tool_call_id``.
 
-    Example:
+    Examples:
         >>> Message.user("Book a flight to Oslo").role
         'user'
         >>> Message.tool_result("call-1", "booked", name="book").tool_call_id

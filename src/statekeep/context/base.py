@@ -46,7 +46,7 @@ class ContextStore(ABC):
             this fraction of the window budget...
         low_water: ...and folds the oldest events until the tail needs at most this fraction.
 
-    Example:
+    Examples:
         >>> from statekeep.context import InMemoryContextStore, Message
         >>> store = InMemoryContextStore()
         >>> store.append("s1", Message.user("What is the capital of Norway?")).seq

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 class BuiltContext:
     """The messages for one model call, and the report of tokens per section.
 
-    Example:
+    Examples:
         >>> from statekeep.context import InMemoryContextStore, Message
         >>> store = InMemoryContextStore()
         >>> _ = store.append("s", Message.user("hi"))

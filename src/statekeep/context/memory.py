@@ -62,7 +62,7 @@ class _MemoryView:
 class InMemoryContextStore(ContextStore):
     """Session logs held in dicts; lost when the process ends.
 
-    Example:
+    Examples:
         >>> from statekeep.context import Message
         >>> store = InMemoryContextStore()
         >>> [e.seq for e in store.extend("s", [Message.user("a"), Message.user("b")])]

@@ -55,7 +55,7 @@ def render_summary(summary: Summary) -> str:
 def to_openai(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """Messages in the OpenAI chat-completions format.
 
-    Example:
+    Examples:
         >>> to_openai([Message.user("hi")])
         [{'role': 'user', 'content': 'hi'}]
     """

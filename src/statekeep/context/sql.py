@@ -220,7 +220,7 @@ class SQLContextStore(ContextStore):
     Args:
         db: a :class:`~statekeep.db.Database` (shared with other stores) or a URL.
 
-    Example:
+    Examples:
         >>> from statekeep.context import Message
         >>> store = SQLContextStore("sqlite:///:memory:")
         >>> store.append("s1", Message.user("hello")).seq

@@ -39,7 +39,7 @@ class OfflineSummarizer:
     open items (calls without a result, a request not answered yet). Each
     section keeps its newest ``max_items`` lines of at most ``max_chars`` characters.
 
-    Example:
+    Examples:
         >>> s = OfflineSummarizer()
         >>> print(s.summarize(None, [Message.user("Find flights to Oslo")]))
         Task:
@@ -135,7 +135,7 @@ DEFAULT_INSTRUCTIONS = (
 class LLMSummarizer:
     """Adapts any LLM callable ``prompt -> text`` into a :class:`Summarizer`.
 
-    Example:
+    Examples:
         >>> fake_llm = lambda prompt: "User wants flights to Oslo."
         >>> LLMSummarizer(fake_llm, name="my-model").summarize(None, [Message.user("Oslo?")])
         'User wants flights to Oslo.'

@@ -44,7 +44,7 @@ class TiktokenCounter:
 
     The encoding is loaded lazily, on the first count, and shared by all instances.
 
-    Example:
+    Examples:
         >>> TiktokenCounter().count("hello world")
         2
     """

@@ -44,7 +44,7 @@ class Database:
     Stores that share a URL can share a ``Database``, so that a step's completion
     and the working-state version it produced commit in one transaction.
 
-    Example:
+    Examples:
         >>> db = Database("sqlite:///:memory:")
         >>> with db.begin() as conn:
         ...     _ = conn.execute(sa.text("SELECT 1"))

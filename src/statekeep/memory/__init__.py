@@ -75,7 +75,7 @@ def open_memory_store(target: Any, embedder: Embedder | None = None, **kw: Any) 
     ``postgresql://...`` or a PostgreSQL ``Database`` opens pgvector; a folder or
     ``lancedb://folder`` opens LanceDB (``STATEKEEP_MEMORY_URL`` syntax).
 
-    Example:
+    Examples:
         >>> store = open_memory_store("/tmp/agent/memory", FakeEmbedder())
         >>> store.close()
 

@@ -27,7 +27,7 @@ DEFAULT_TRUST: Mapping[SourceKind, float] = {
 class Provenance:
     """Where a memory came from: the session, run and event, and what kind of source.
 
-    Example:
+    Examples:
         >>> Provenance("user_supplied", session_id="s-1", run_id="r-7", event_id="e-42").trust
         0.8
     """

@@ -63,7 +63,7 @@ class MemoryStore(ABC):
     Every call names its owner, and no call reads, changes or deletes another
     owner's memories.
 
-    Example:
+    Examples:
         >>> from statekeep.memory import FakeEmbedder, InMemoryMemoryStore, Provenance
         >>> store = InMemoryMemoryStore(FakeEmbedder())
         >>> m = store.remember("alice", "Alice prefers tea", provenance=Provenance("user_supplied"))
@@ -113,7 +113,7 @@ class MemoryStore(ABC):
         similarity at least ``duplicate_threshold``, same model) is stored but
         linked to it with ``duplicate_of``, and search returns only the original.
 
-        Example:
+        Examples:
             >>> store.remember("alice", "Alice's dog is called Rex", kind="episodic",
             ...                provenance=Provenance("user_supplied", session_id="s1", run_id="r1"))
 
@@ -258,7 +258,7 @@ class MemoryStore(ABC):
         memories embedded by another model, are never returned. Pass ``vector``
         to reuse a query embedding already computed with this store's embedder.
 
-        Example:
+        Examples:
             >>> store.search("alice", "what does Alice drink?", k=3, kinds="semantic", min_trust=0.5)
 
         Raises:
@@ -320,7 +320,7 @@ class MemoryStore(ABC):
     def forget(self, owner: str) -> ForgetReceipt:
         """Erase every memory of ``owner`` from every file of the store and return a receipt.
 
-        Example:
+        Examples:
             >>> receipt = store.forget("alice")
             >>> receipt.removed, receipt.locations
 

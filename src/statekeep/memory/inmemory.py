@@ -32,7 +32,7 @@ class InMemoryMemoryStore(base.MemoryStore):
     Pass ``shared=`` another in-memory store to open the same memories with a
     different embedder (as reopening a database would).
 
-    Example:
+    Examples:
         >>> from statekeep.memory import FakeEmbedder
         >>> store = InMemoryMemoryStore(FakeEmbedder())
     """

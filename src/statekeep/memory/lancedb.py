@@ -116,7 +116,7 @@ class LanceDBMemoryStore(base.MemoryStore):
     process, or another store in this one) gets :class:`MemoryLockedError`.
     Many workers on many machines must use :class:`PgVectorMemoryStore`.
 
-    Example:
+    Examples:
         >>> from statekeep.memory import FakeEmbedder
         >>> with LanceDBMemoryStore("/tmp/agent/memory", FakeEmbedder()) as store:
         ...     _ = store.remember("alice", "Alice prefers tea")

@@ -52,7 +52,7 @@ def _mark(conn: Connection, owner: str, memory_id: str, successor: str) -> None:
 class PgVectorMemoryStore(base.MemoryStore):
     """Memories in PostgreSQL with pgvector; the production backend for many workers.
 
-    Example:
+    Examples:
         >>> store = PgVectorMemoryStore("postgresql://app@db/agent")
         >>> store.remember("alice", "Alice prefers tea")
 

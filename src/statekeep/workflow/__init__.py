@@ -1,6 +1,6 @@
 """Store 3: durable runs, the step journal, the tool-call ledger, approvals, waits and workers.
 
-Example:
+Examples:
     >>> from statekeep.workflow import Engine, Registry, RunContext
     >>> registry = Registry()
     >>> @registry.workflow("count", version=1)

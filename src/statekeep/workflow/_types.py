@@ -133,7 +133,7 @@ class Checkpoint:
 class RetryPolicy:
     """How often a failing step is tried, and how long to wait between tries.
 
-    Example:
+    Examples:
         >>> RetryPolicy(attempts=3, backoff=0.5).delay(2)
         1.0
     """

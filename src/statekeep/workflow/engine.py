@@ -53,7 +53,7 @@ class Engine:
     :class:`~statekeep.working.SQLWorkingStateStore` and each step's completion
     commits in the same transaction as the state version it produced.
 
-    Example:
+    Examples:
         >>> from statekeep.workflow import Registry, RunContext
         >>> registry = Registry()
         >>> @registry.workflow("greet", version=1)

@@ -240,7 +240,7 @@ class WorkflowStore(RunStore, GateStore):
     Construct it from a :class:`~statekeep.db.Database` (to share transactions with
     the working-state store) or a URL.
 
-    Example:
+    Examples:
         >>> store = WorkflowStore("sqlite:///:memory:")
         >>> store.find("nope") is None
         True

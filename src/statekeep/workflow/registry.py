@@ -66,7 +66,7 @@ class Tool(Generic[P, R]):
     def requiring_approval(self, reason: str, *, expires_in: timedelta | None = None) -> Tool[P, R]:
         """The same tool, gated: each call waits for a person's approval of its exact arguments.
 
-        Example:
+        Examples:
             >>> # ctx.call_tool(refund.requiring_approval("over 100 EUR"), order_id, amount)
         """
         if not isinstance(reason, str) or not reason:
@@ -117,7 +117,7 @@ class _ToolDecorator:
 class Registry:
     """Workflows by name and version, tools by name, and journal migrations between versions.
 
-    Example:
+    Examples:
         >>> registry = Registry()
         >>> @registry.workflow("hello", version=1)
         ... def hello(ctx, name: str) -> str:

@@ -21,7 +21,7 @@ class Worker:
     (one machine for SQLite). Idle, it costs one short claim query per poll, and the
     poll interval doubles up to ``max_poll``.
 
-    Example:
+    Examples:
         >>> # Worker(Engine(url, registry, lease=30)).run(stop=threading.Event())
     """
 

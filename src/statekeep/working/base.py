@@ -31,7 +31,7 @@ class WorkingStateStore(ABC):
     Every save is a new immutable version. Pass ``expected_version`` (0 for a
     run with no state yet) for optimistic concurrency.
 
-    Example:
+    Examples:
         >>> from statekeep.working import InMemoryWorkingStateStore
         >>> store = InMemoryWorkingStateStore()
         >>> class Notes(pydantic.BaseModel):

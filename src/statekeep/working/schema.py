@@ -27,7 +27,7 @@ class WorkingState(pydantic.BaseModel):
     Name the schema and its version as class variables; bump the version when
     the shape changes, and register a migration from the previous one.
 
-    Example:
+    Examples:
         >>> class Plan(WorkingState):
         ...     state_schema: ClassVar[str] = "plan"
         ...     state_version: ClassVar[int] = 2
@@ -56,7 +56,7 @@ class StateMigrations:
     Migrations work on JSON dicts, never on live objects, so that old code is not
     needed to read old state.
 
-    Example:
+    Examples:
         >>> migrations = StateMigrations()
         >>> @migrations.register("plan", from_version=1)
         ... def _add_steps(data):

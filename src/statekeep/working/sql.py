@@ -83,7 +83,7 @@ def _record(row: sa.Row[tuple[object, ...]]) -> StateVersion:
 class SQLWorkingStateStore(WorkingStateStore):
     """Working state in SQLite or PostgreSQL.
 
-    Example:
+    Examples:
         >>> store = SQLWorkingStateStore("sqlite:///:memory:")
     """
 
