@@ -5,27 +5,48 @@ Every error statekeep raises on purpose derives from :class:`StatekeepError`, so
 them (``setting``, ``run_id``, ``owner``, ...) and build their own message::
 
     StatekeepError
-    ├── ConfigError                 a setting is malformed, or its server unreachable
-    ├── MissingDependencyError      an optional package is not installed
-    ├── InvalidInputError           an argument failed validation; nothing was written
-    │   └── StateValidationError    a working state is not valid or not JSON-safe
+    ├── ConfigError
+    ├── MissingDependencyError
+    ├── InvalidInputError
+    │   ├── StateValidationError
+    │   └── StepOutputError
     ├── NotFoundError
     │   ├── RunNotFoundError
-    │   └── StateNotFoundError
+    │   ├── StateNotFoundError
+    │   └── ApprovalNotFoundError
     ├── ConflictError
-    │   ├── VersionConflictError    optimistic concurrency: the expected version is stale
-    │   └── RunConflictError        a run id reused for another workflow or input
-    ├── SchemaVersionError          stored data has a schema version the code cannot load
-    │   └── MigrationError          a migration chain has a gap or a migration failed
-    ├── StorageError                the database refused or lost an operation
-    ├── WorkflowError               (store 3: workflow; see the workflow section)
-    ├── ContextError                (store 1: context; see the context section)
-    ├── MemoryStoreError            (store 4: memory)
-    │   ├── MemoryNotFoundError     (also a NotFoundError)
-    │   ├── EmbedderError           an embedder failed to load or returned bad vectors
-    │   ├── MemoryLockedError       a LanceDB folder has another writer (also a ConfigError)
-    │   └── ErasureError            rows deleted, but a file could not be rewritten
-    └── ModelError                  a model call failed
+    │   ├── VersionConflictError
+    │   ├── RunConflictError
+    │   ├── LeaseLostError
+    │   └── ApprovalDecidedError
+    ├── SchemaVersionError
+    │   └── MigrationError
+    ├── StorageError
+    ├── WorkflowError
+    │   ├── UnknownWorkflowError
+    │   ├── NonDeterminismError
+    │   ├── WorkflowVersionError
+    │   ├── StepFailedError
+    │   ├── ChildRunFailedError
+    │   ├── RunFinishedError
+    │   └── ApprovalError
+    │       ├── ApprovalRejectedError
+    │       ├── ApprovalExpiredError
+    │       └── ApprovalMismatchError
+    ├── ContextError
+    │   ├── ContextBudgetError (also InvalidInputError)
+    │   ├── SummaryError
+    │   ├── SummaryConflictError (also ConflictError)
+    │   ├── EventKeyConflictError (also ConflictError)
+    │   ├── SummaryNotFoundError (also NotFoundError)
+    │   └── EventsPrunedError
+    ├── MemoryStoreError
+    │   ├── MemoryNotFoundError (also NotFoundError)
+    │   ├── EmbedderError
+    │   ├── MemoryLockedError (also ConfigError)
+    │   └── ErasureError
+    ├── ModelError
+    └── AgentError
 
 ``Suspended`` is the one exception outside the tree: it derives from
 ``BaseException`` so that user code's ``except Exception`` cannot swallow the
@@ -401,6 +422,10 @@ class ErasureError(MemoryStoreError):
 
 class ModelError(StatekeepError):
     """A model call failed (HTTP error, timeout, malformed answer)."""
+
+
+class AgentError(StatekeepError):
+    """An agent run cannot go on (it reached its turn limit)."""
 
 
 # --- control flow -----------------------------------------------------------------------

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from statekeep.config import Settings
 from statekeep.context import MemoryItem, Message, SQLContextStore, ToolCall, to_openai
 from statekeep.db import Database
-from statekeep.errors import InvalidInputError, StatekeepError
+from statekeep.errors import AgentError, InvalidInputError
 from statekeep.models import AsyncModel, Model, ModelResponse, ToolSpec
 from statekeep.models import ToolCall as ModelToolCall
 from statekeep.workflow import Engine, Reconciler, Registry, Run, RunContext, Tool, Worker, Workflow
@@ -40,10 +40,6 @@ from statekeep.working import SQLWorkingStateStore, WorkingState
 
 if TYPE_CHECKING:
     from statekeep.memory import Embedder, Memory, MemoryKind, MemoryStore, SourceKind
-
-
-class AgentError(StatekeepError):
-    """An agent run cannot go on (too many turns, a tool the agent does not have)."""
 
 
 @dataclass(frozen=True)
