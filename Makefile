@@ -4,6 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+export HF_HUB_DISABLE_PROGRESS_BARS := 1
 
 .PHONY: demo test lint bench docs format clean
 

@@ -249,11 +249,8 @@ def memory_search(
     memory_url: MemoryURL = None,
 ) -> None:
     """Search an owner's memories by meaning, with provenance."""
-    store = _memory(database_url, home, memory_url)
-    try:
+    with _memory(database_url, home, memory_url) as store:
         hits = store.search(owner, query, k=k, mode="hybrid" if hybrid else "vector")
-    finally:
-        store.close()
     table = Table("score", "memory", "kind", "source", "session", "run", "event", "id")
     for h in hits:
         m, p = h.memory, h.memory.provenance
@@ -284,11 +281,8 @@ def memory_add(
     """Add a memory for an owner."""
     from statekeep.memory import Provenance
 
-    store = _memory(database_url, home, memory_url)
-    try:
+    with _memory(database_url, home, memory_url) as store:
         m = store.remember(owner, content, kind=kind, tags=tag or (), provenance=Provenance(source))  # type: ignore[arg-type]
-    finally:
-        store.close()
     console.print(f"remembered {m.id} for {owner}")
 
 
@@ -305,11 +299,8 @@ def memory_forget(
     what = f"memory {memory_id} of {owner!r}" if memory_id else f"ALL memories of {owner!r}"
     if not yes and not typer.confirm(f"Erase {what}?"):
         raise typer.Abort()
-    store = _memory(database_url, home, memory_url)
-    try:
+    with _memory(database_url, home, memory_url) as store:
         receipt = store.forget_one(owner, memory_id) if memory_id else store.forget(owner)
-    finally:
-        store.close()
     console.print_json(json.dumps(receipt.as_dict()))
 
 
@@ -322,11 +313,8 @@ def memory_export(
     memory_url: MemoryURL = None,
 ) -> None:
     """Export an owner's memories as JSON."""
-    store = _memory(database_url, home, memory_url)
-    try:
+    with _memory(database_url, home, memory_url) as store:
         data = store.export(owner)
-    finally:
-        store.close()
     if out is None:
         console.print_json(data)
     else:
@@ -339,16 +327,12 @@ def memory_reembed(
     batch_size: int = 256, database_url: DatabaseURL = None, home: Home = None, memory_url: MemoryURL = None
 ) -> None:
     """Re-embed every memory stored by another embedding model, in batches."""
-    store = _memory(database_url, home, memory_url)
-    try:
-        with Progress(console=console) as progress:
-            task = progress.add_task("re-embedding", total=None)
-            n = store.reembed(
-                batch_size=batch_size,
-                progress=lambda done, total: progress.update(task, completed=done, total=total),
-            )
-    finally:
-        store.close()
+    with _memory(database_url, home, memory_url) as store, Progress(console=console) as progress:
+        task = progress.add_task("re-embedding", total=None)
+        n = store.reembed(
+            batch_size=batch_size,
+            progress=lambda done, total: progress.update(task, completed=done, total=total),
+        )
     console.print(f"re-embedded {n} memories")
 
 

@@ -171,3 +171,18 @@ def test_bad_input_is_one_line_without_traceback(settings: Settings) -> None:
         assert out.returncode != 0, args
         assert "Traceback" not in out.stderr + out.stdout
         assert len(out.stderr.strip().splitlines()) == 1, (args, out.stderr)
+
+
+def test_memory_reembed_moves_memories_to_the_default_model(cli, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    """memory reembed re-embeds what another model stored, with a progress bar, and search works after."""
+    from statekeep.memory import FakeEmbedder, open_memory_store
+
+    with open_memory_store(settings.memory_url, FakeEmbedder(32, name="old-model")) as old:
+        old.remember_many("ada", ["Ada likes long walks", "Ada drinks green tea", "Ada lives in London"])
+    code, out = cli("memory", "search", "ada", "what does Ada drink?")
+    assert "green tea" not in out  # another model's vectors are never compared
+    code, out = cli("memory", "reembed", "--batch-size", "2")
+    assert code == 0
+    assert "re-embedded 3 memories" in out
+    code, out = cli("memory", "search", "ada", "what does Ada drink?", "--k", "1")
+    assert "Ada drinks green tea" in out
