@@ -22,20 +22,32 @@ Examples:
 from __future__ import annotations
 
 import contextvars
+import inspect
 import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from statekeep.config import Settings
-from statekeep.context import MemoryItem, Message, SQLContextStore, ToolCall, to_openai
+from statekeep.context import Event, MemoryItem, Message, SQLContextStore, ToolCall, to_openai
 from statekeep.db import Database
-from statekeep.errors import AgentError, InvalidInputError
+from statekeep.errors import AgentError, EventKeyConflictError, InvalidInputError
 from statekeep.models import AsyncModel, Model, ModelResponse, ToolSpec
-from statekeep.models import ToolCall as ModelToolCall
-from statekeep.workflow import Engine, Reconciler, Registry, Run, RunContext, Tool, Worker, Workflow
+from statekeep.workflow import (
+    Engine,
+    Reconciler,
+    Registry,
+    RetryPolicy,
+    Run,
+    RunContext,
+    Step,
+    Tool,
+    Worker,
+    Workflow,
+)
 from statekeep.working import SQLWorkingStateStore, WorkingState
 
 if TYPE_CHECKING:
@@ -58,10 +70,27 @@ class AgentTool:
     approval: str | None = None
     reconciler: Reconciler | None = None
 
+    def __post_init__(self) -> None:
+        _check_text(self.name, "name")
+        if not callable(self.fn):
+            raise InvalidInputError("must be callable", field="fn")
+        if self.approval is not None:
+            _check_text(self.approval, "approval")
+
     @property
     def spec(self) -> ToolSpec:
         """What the model is told about this tool."""
         return ToolSpec(self.name, self.description, self.parameters)
+
+    def bad_arguments(self, arguments: object) -> str | None:
+        """Why the model's arguments cannot be passed to ``fn``; None when they can."""
+        if not isinstance(arguments, dict):
+            return f"the arguments of {self.name!r} must be a JSON object"
+        try:
+            inspect.signature(self.fn).bind("idempotency-key", **arguments)
+        except TypeError as exc:
+            return f"bad arguments for {self.name!r}: {exc}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -75,10 +104,26 @@ class Agent:
     budget: int = 8_000
     max_turns: int = 20
     memory_k: int = 5
+    #: how often a failing model call (an HTTP 429, a timeout) is tried before the run fails
+    model_retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(attempts=3, backoff=1.0))
+
+    def __post_init__(self) -> None:
+        _check_text(self.name, "name")
+        if not isinstance(self.system, str):
+            raise InvalidInputError("must be a string", field="system")
+        if any(not isinstance(t, AgentTool) for t in self.tools):
+            raise InvalidInputError("must be AgentTool objects", field="tools")
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise InvalidInputError(f"tool names must be unique, got {names}", field="tools")
+        for name, minimum in (("version", 1), ("budget", 1), ("max_turns", 1), ("memory_k", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise InvalidInputError(f"must be an int >= {minimum}", field=name)
 
 
 class AgentState(WorkingState):
-    """The working state of an agent run: its task, progress, and what its tools found."""
+    """The working state of an agent run: its task, its progress, what its tools returned."""
 
     state_schema: ClassVar[str] = "statekeep.agent"
     state_version: ClassVar[int] = 1
@@ -88,12 +133,13 @@ class AgentState(WorkingState):
     turn: int = 0
     #: the last context event a committed step covers
     cursor: int = 0
-    #: the latest result of each tool, pinned into every context
+    #: the latest result of each tool, for the application; the model sees results in the
+    #: window as tool messages, never promoted into the system prompt
     facts: dict[str, Any] = {}
 
     def pinned(self) -> dict[str, Any]:
-        """What the model sees of this state, each step."""
-        return {"task": self.task, "turn": self.turn, "facts": self.facts}
+        """What the model sees of this state before each call: the task and how far it got."""
+        return {"task": self.task, "turn": self.turn}
 
 
 @dataclass(frozen=True)
@@ -107,6 +153,8 @@ class RunScope:
 
 
 _scope: contextvars.ContextVar[RunScope | None] = contextvars.ContextVar("statekeep_run", default=None)
+#: turns this invocation may still run before the run parks; None: no limit
+_turns: contextvars.ContextVar[int | None] = contextvars.ContextVar("statekeep_turns", default=None)
 
 
 def current_scope() -> RunScope | None:
@@ -135,8 +183,7 @@ class Runtime:
         self.engine, self.context, self.working, self.model = engine, context, working, model
         self._open_memory = memory
         self._memory: MemoryStore | None = None
-        self._agents: dict[str, tuple[Agent, Workflow[Any, Any], dict[str, Tool[Any, Any]]]] = {}
-        self._turns: int | None = None
+        self._agents: dict[tuple[str, int], tuple[Agent, Workflow[Any, Any]]] = {}
 
     @classmethod
     def open(
@@ -154,6 +201,8 @@ class Runtime:
         Raises:
             ConfigError: a setting is malformed or its server unreachable.
         """
+        if not isinstance(model, Model | AsyncModel):
+            raise InvalidInputError("needs complete() or acomplete() and a name", field="model")
         settings = settings or Settings.load()
         settings.check()
         dbs: dict[str, Database] = {}
@@ -170,31 +219,42 @@ class Runtime:
 
             return open_memory_store(settings.memory_url, embedder)
 
-        return cls(
-            engine=engine, context=SQLContextStore(db("context")), working=working, memory=memory, model=model
-        )
+        context = SQLContextStore(db("context"))
+        return cls(engine=engine, context=context, working=working, memory=memory, model=model)
 
     # --- agents -----------------------------------------------------------------------------
 
     def register(self, agent: Agent) -> Workflow[Any, Any]:
-        """Register an agent as the workflow ``agent.<name>`` (idempotent)."""
-        if agent.name in self._agents:
-            return self._agents[agent.name][1]
-        tools = {t.name: self._ledger_tool(t) for t in agent.tools}
+        """Register an agent as the workflow ``agent.<name>`` at its version (idempotent).
+
+        Raises:
+            InvalidInputError: another definition is registered under that name and version.
+        """
+        if not isinstance(agent, Agent):
+            raise InvalidInputError(f"expected an Agent, got {type(agent).__name__}", field="agent")
+        known = self._agents.get((agent.name, agent.version))
+        if known is not None:
+            if known[0] != agent:
+                raise InvalidInputError(
+                    f"{agent.name!r} v{agent.version} is registered with another definition: "
+                    "bump the agent's version",
+                    field="agent",
+                )
+            return known[1]
 
         def loop(ctx: RunContext, owner: str, session_id: str, task: str) -> str | None:
-            return self._loop(ctx, agent, tools, AgentState(owner=owner, session_id=session_id, task=task))
+            return self._loop(ctx, agent, AgentState(owner=owner, session_id=session_id, task=task))
 
-        workflow = self.engine.registry.workflow(
-            f"agent.{agent.name}", version=agent.version, state=AgentState
-        )(loop)
-        self._agents[agent.name] = (agent, workflow, tools)
+        name = f"agent.{agent.name}"
+        workflow = self.engine.registry.workflow(name, version=agent.version, state=AgentState)(loop)
+        self._agents[(agent.name, agent.version)] = (agent, workflow)
         return workflow
 
     def start(
         self, agent: Agent, run_id: str, *, owner: str, task: str, session_id: str | None = None
     ) -> Run:
         """Record a run for a worker to execute; starting an existing id returns it unchanged."""
+        _check_run(owner, task, session_id)
         return self.engine.start(self.register(agent), run_id, owner, session_id or run_id, task)
 
     def run(
@@ -208,13 +268,14 @@ class Runtime:
         turns: int | None = None,
     ) -> Run:
         """Start or resume a run and execute it here until it finishes, waits, or has done ``turns`` turns."""
+        _check_run(owner, task, session_id)
         workflow = self.register(agent)
-        with self._turn_limit(turns):
+        with _turn_limit(turns):
             return self.engine.run(workflow, run_id, owner, session_id or run_id, task)
 
     def resume(self, run_id: str, *, turns: int | None = None) -> Run:
         """Continue a run by its id alone (its agent must be registered in this process)."""
-        with self._turn_limit(turns):
+        with _turn_limit(turns):
             return self.engine.resume(run_id)
 
     def worker(self, **kw: Any) -> Worker:
@@ -243,7 +304,7 @@ class Runtime:
         """Write a long-term memory; inside a run, its owner and provenance come from the run.
 
         Raises:
-            InvalidInputError: outside a run without an ``owner``.
+            InvalidInputError: outside a run without an ``owner``, or for another owner inside one.
         """
         from statekeep.memory import Provenance
 
@@ -277,23 +338,25 @@ class Runtime:
 
     # --- one agent step ---------------------------------------------------------------------
 
-    def _loop(
-        self, ctx: RunContext, agent: Agent, tools: dict[str, Tool[Any, Any]], first: AgentState
-    ) -> str | None:
-        ctx.step("begin", self._begin, ctx, first)
-        done_here = 0
+    def _loop(self, ctx: RunContext, agent: Agent, first: AgentState) -> str | None:
+        tools = {t.name: t for t in agent.tools}
+        ctx.step("begin", lambda: self._begin(ctx, first))
         for turn in range(agent.max_turns):
-            reply = ctx.step(f"model-{turn}", self._think, ctx, agent, turn)
+            model_step = Step(f"model-{turn}", retry=agent.model_retry)
+            reply = ctx.step(model_step, partial(self._think, ctx, agent, turn))
             if not reply["tool_calls"]:
                 return reply["content"]  # type: ignore[no-any-return]
             scope = RunScope(first.owner, first.session_id, ctx.run_id, reply["event"])
             for i, call in enumerate(reply["tool_calls"]):
                 result = self._act(ctx, tools, call, scope)
-                ctx.step(f"observe-{turn}-{i}", self._observe, ctx, call, result, f"observe-{turn}-{i}")
-            done_here += 0 if ctx.replaying else 1
-            pause = self._turns is not None and done_here >= self._turns
-            # a journaled boundary: due at once, it parks the run (sleeping) for the next resume
-            ctx.sleep(f"turn-{turn}", until=_soon() if pause else _epoch())
+                name = f"observe-{turn}-{i}"
+                ctx.step(name, partial(self._observe, ctx, call, result, name))
+            # a journaled boundary; when this invocation's turns are spent, the run parks as
+            # sleeping (due at once) for the next resume or worker
+            left = _turns.get()
+            if left is not None and not ctx.replaying:
+                _turns.set(left - 1)
+            ctx.sleep(f"turn-{turn}", until=_soon() if _turns.get() == 0 else _epoch())
         raise AgentError(f"agent {agent.name!r} reached max_turns={agent.max_turns} in run {ctx.run_id!r}")
 
     def _begin(self, ctx: RunContext, state: AgentState) -> None:
@@ -306,51 +369,61 @@ class Runtime:
         """Retrieve memories, build the context, call the model, record its answer."""
         state = self._state(ctx)
         key = f"{ctx.run_id}/model-{turn}"
-        earlier = self.context.find(state.session_id, key)
-        if earlier is not None:  # the model answered before a crash: do not pay for it twice
-            response, seq = _response_of(earlier.message), earlier.seq
-        else:
+        logged = self.context.find(state.session_id, key)
+        if logged is None:  # else the model answered before a crash: it is not paid for twice
             memories = self._memories(state, agent)
             built = self.context.build(
                 state.session_id, agent.budget, system=agent.system, pinned=state.pinned(), memories=memories
             )
             response = self._complete(to_openai(built.messages), [t.spec for t in agent.tools])
             calls = [ToolCall(c.id, c.name, c.arguments) for c in response.tool_calls]
-            message = Message.assistant(response.content or "", tool_calls=calls)
-            seq = self.context.append(state.session_id, message, key=key).seq
-        ctx.set_state(state.model_copy(update={"turn": turn + 1, "cursor": seq}))
-        ctx.set_cursor(seq)
-        calls_json = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in response.tool_calls]
-        return {"content": response.content, "tool_calls": calls_json, "event": seq}
+            logged = self._append(
+                state.session_id, Message.assistant(response.content or "", tool_calls=calls), key
+            )
+        ctx.set_state(state.model_copy(update={"turn": turn + 1, "cursor": logged.seq}))
+        ctx.set_cursor(logged.seq)
+        message = logged.message
+        calls_json = [
+            {"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in message.tool_calls
+        ]
+        return {"content": message.content or None, "tool_calls": calls_json, "event": logged.seq}
 
     def _act(
-        self, ctx: RunContext, tools: dict[str, Tool[Any, Any]], call: dict[str, Any], scope: RunScope
+        self, ctx: RunContext, tools: dict[str, AgentTool], call: dict[str, Any], scope: RunScope
     ) -> Any:
-        """One tool call through the ledger (or an approval gate); unknown tools answer with an error."""
+        """One tool call through the ledger (or an approval gate); a bad call answers with an error."""
         tool = tools.get(call["name"])
         if tool is None:
             return {"error": f"no tool named {call['name']!r}"}
+        problem = tool.bad_arguments(call["arguments"])
+        if problem is not None:
+            return {"error": problem}
         token = _scope.set(scope)
         try:
-            return ctx.call_tool(tool, **call["arguments"])
+            return ctx.call_tool(_ledger_tool(tool), **call["arguments"])
         finally:
             _scope.reset(token)
 
     def _observe(self, ctx: RunContext, call: dict[str, Any], result: Any, step: str) -> None:
         """Record a tool result in the context and the working state."""
         state = self._state(ctx)
-        message = Message.tool_result(call["id"], json.dumps(result, default=str), name=call["name"])
-        seq = self.context.append(state.session_id, message, key=f"{ctx.run_id}/{step}").seq
+        message = Message.tool_result(call["id"], json.dumps(result), name=call["name"])
+        seq = self._append(state.session_id, message, f"{ctx.run_id}/{step}").seq
         facts = {**state.facts, call["name"]: result}
         ctx.set_state(state.model_copy(update={"cursor": seq, "facts": facts}))
         ctx.set_cursor(seq)
 
     # --- helpers ----------------------------------------------------------------------------
 
-    @staticmethod
-    def _ledger_tool(tool: AgentTool) -> Tool[Any, Any]:
-        ledger: Tool[Any, Any] = Tool(tool.name, tool.fn, tool.reconciler)
-        return ledger.requiring_approval(tool.approval) if tool.approval else ledger
+    def _append(self, session_id: str, message: Message, key: str) -> Event:
+        """Append under an idempotency key; if another holder of the run logged first, use theirs."""
+        try:
+            return self.context.append(session_id, message, key=key)
+        except EventKeyConflictError:
+            logged = self.context.find(session_id, key)
+            if logged is None:  # pragma: no cover - a key conflict means the key is stored
+                raise
+            return logged
 
     def _state(self, ctx: RunContext) -> AgentState:
         state = ctx.state(AgentState)
@@ -381,20 +454,33 @@ class Runtime:
             return asyncio.run(self.model.acomplete(messages, tools))
         return self.model.complete(messages, tools)
 
-    @contextmanager
-    def _turn_limit(self, turns: int | None) -> Iterator[None]:
-        if turns is not None and (not isinstance(turns, int) or turns < 1):
-            raise InvalidInputError("must be an int >= 1, or None", field="turns")
-        self._turns = turns
-        try:
-            yield
-        finally:
-            self._turns = None
+
+def _ledger_tool(tool: AgentTool) -> Tool[Any, Any]:
+    ledger: Tool[Any, Any] = Tool(tool.name, tool.fn, tool.reconciler)
+    return ledger.requiring_approval(tool.approval) if tool.approval else ledger
 
 
-def _response_of(message: Message) -> ModelResponse:
-    calls = tuple(ModelToolCall(c.id, c.name, dict(c.arguments)) for c in message.tool_calls)
-    return ModelResponse(message.content or None, calls)
+@contextmanager
+def _turn_limit(turns: int | None) -> Iterator[None]:
+    if turns is not None and (isinstance(turns, bool) or not isinstance(turns, int) or turns < 1):
+        raise InvalidInputError("must be an int >= 1, or None", field="turns")
+    token = _turns.set(turns)
+    try:
+        yield
+    finally:
+        _turns.reset(token)
+
+
+def _check_text(value: object, name: str, limit: int = 255) -> None:
+    if not isinstance(value, str) or not value.strip() or len(value) > limit:
+        raise InvalidInputError(f"must be a non-empty string of at most {limit} characters", field=name)
+
+
+def _check_run(owner: object, task: object, session_id: object) -> None:
+    _check_text(owner, "owner")
+    _check_text(task, "task", limit=100_000)
+    if session_id is not None:
+        _check_text(session_id, "session_id")
 
 
 def _epoch() -> datetime:

@@ -18,11 +18,14 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 import pydantic
 
 from statekeep.errors import (
+    ConfigError,
     InvalidInputError,
+    LeaseLostError,
     NonDeterminismError,
     StateNotFoundError,
     StepFailedError,
     StepOutputError,
+    StorageError,
 )
 from statekeep.workflow import codec, store
 from statekeep.workflow._types import Checkpoint, Run, StepRecord
@@ -33,6 +36,9 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
     from statekeep.workflow.engine import Engine
+
+#: errors of the infrastructure, not of a step: never retried as a step failure, never fail the run
+_INFRASTRUCTURE = (StorageError, LeaseLostError, ConfigError)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -113,6 +119,8 @@ class RunContext:
         for attempt in range(1, max(1, policy.attempts) + 1):
             try:
                 value = self._call(fn, args, kwargs)
+            except _INFRASTRUCTURE:
+                raise  # not the step's fault: the run stays resumable, its lease lapses, it is retried
             except Exception as exc:
                 if attempt >= policy.attempts:
                     raise StepFailedError(self.run_id, spec.name, seq, attempt, repr(exc)) from exc
@@ -135,11 +143,15 @@ class RunContext:
         self._cursor = cursor
 
     def state(self, model: type[M]) -> M | None:
-        """The run's latest committed working state, loaded into ``model`` (None before the first)."""
-        if self.engine.state_store is None:
+        """The working state the last committed step points at, loaded into ``model``.
+
+        None before the first. A version written by a step that crashed before its
+        completion committed (stores in separate databases) is never seen.
+        """
+        if self.engine.state_store is None or self._latest_state is None:
             return None
-        try:  # one indexed lookup of the newest version, however many the run has
-            return self.engine.state_store.load(self.run_id, model)
+        try:  # one primary-key lookup, however many versions the run has
+            return self.engine.state_store.load(self.run_id, model, version=self._latest_state)
         except StateNotFoundError:
             return None
 

@@ -130,7 +130,7 @@ class Engine:
             except (LeaseLostError, *_HOLD) as exc:
                 self._hold(run, exc)
                 raise
-            except StorageError:  # infrastructure, not the run: the lease lapses and it is retried
+            except (StorageError, ConfigError):  # infrastructure, not the run: lease lapses, it is retried
                 raise
             except sa.exc.SQLAlchemyError as exc:
                 raise storage_error(exc, f"executing run {run.run_id!r}") from exc
