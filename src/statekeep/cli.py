@@ -213,8 +213,20 @@ def worker(
     memory_url: MemoryURL = None,
 ) -> None:
     """Run a worker loop: claim runnable runs under a lease and execute them (Ctrl-C stops)."""
+    from statekeep.runtime import Runtime
+
     factory = _load(app_path)
-    runtime = factory(_settings(database_url, home, memory_url))
+    settings = _settings(database_url, home, memory_url)
+    try:
+        runtime = factory(settings)
+    except StatekeepError:
+        raise
+    except Exception as exc:  # the application's own code failed to build its runtime
+        raise InvalidInputError(f"{app_path!r} raised {exc!r}", field="--app") from exc
+    if not isinstance(runtime, Runtime):
+        raise InvalidInputError(
+            f"{app_path!r} returned {type(runtime).__name__}, not a Runtime", field="--app"
+        )
     try:
         handled = runtime.worker(poll=poll, max_poll=max_poll, batch=batch).run(idle_exit=idle_exit)
     finally:
@@ -424,7 +436,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         app(standalone_mode=False)
-    except StatekeepError as exc:
+    except (StatekeepError, OSError) as exc:  # OSError: a file the user named cannot be written or read
         err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         raise SystemExit(1) from None
     except (typer.Abort, KeyboardInterrupt):

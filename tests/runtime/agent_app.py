@@ -47,8 +47,9 @@ def send(key: str, to: str, body: str) -> dict[str, Any]:
 
 
 def script(messages: Sequence[Message]) -> ModelResponse:
-    """lookup Oslo -> lookup Rome + note -> send (gated) -> final answer."""
+    """lookup Oslo -> lookup Rome + note -> send (gated) -> final answer. Each call is a paid effect."""
     tools = [m for m in messages if m.get("role") == "tool"]
+    _effect("model", str(len(tools)))
     if not tools:
         return ModelResponse(tool_calls=(ToolCall("c-oslo", "lookup", {"city": "Oslo"}),))
     if len(tools) == 1:

@@ -164,6 +164,8 @@ def test_bad_input_is_one_line_without_traceback(settings: Settings) -> None:
         ["runs", "list", "--database-url", "mysql://nope"],
         ["worker", "--app", "no_such_module:thing", "--idle-exit", "0"],
         ["runs", "list", "--status", "bogus"],
+        ["worker", "--app", "json:dumps", "--idle-exit", "0"],
+        ["memory", "export", "nobody", "--out", "/nonexistent-folder/x.json"],
     ):
         out = subprocess.run(
             [sys.executable, "-m", "statekeep", *args], env=env, capture_output=True, text=True, cwd=ROOT

@@ -33,12 +33,12 @@ def test_agent_run_stops_at_the_gate_then_finishes_once_approved(runtime: Runtim
     """The gated tool waits for a person; after approval the run completes and each effect happened once."""
     run = runtime.run(agent_app.AGENT, "trip-1", owner=agent_app.OWNER, task=TASK)
     assert run.status is RunStatus.WAITING_FOR_APPROVAL
-    assert [e["kind"] for e in effects()] == ["lookup", "lookup", "note"]
+    assert [e["kind"] for e in effects()] == ["model", "lookup", "model", "lookup", "note", "model"]
     _approve_all(runtime, "trip-1")
     run = runtime.resume("trip-1")
     assert run.status is RunStatus.COMPLETED
     assert run.output == "done after 4 tool results"
-    assert Counter(e["kind"] for e in effects()) == {"lookup": 2, "note": 1, "send": 1}
+    assert Counter(e["kind"] for e in effects()) == {"model": 4, "lookup": 2, "note": 1, "send": 1}
     state = runtime.working.load("trip-1", AgentState)
     assert state.facts["send"] == {"sent": True, "to": "ada@example.com"}
     assert state.cursor == runtime.context.last_seq("trip-1")
@@ -95,7 +95,8 @@ def test_each_step_in_a_fresh_process_matches_one_process(settings: Settings) ->
         assert (a.facts.keys(), a.turn) == (b.facts.keys(), b.turn)
     finally:
         rt.close()
-    assert Counter(e["kind"] for e in effects()) == {"lookup": 4, "note": 2, "send": 2}
+    # no model call and no tool ran twice because the run was split over processes
+    assert Counter(e["kind"] for e in effects()) == {"model": 8, "lookup": 4, "note": 2, "send": 2}
 
 
 def test_memory_written_in_a_run_carries_its_provenance(runtime: Runtime) -> None:
@@ -159,3 +160,93 @@ def test_turns_must_be_positive(runtime: Runtime) -> None:
     with pytest.raises(InvalidInputError):
         runtime.run(agent_app.AGENT, "t", owner="o", task="x", turns=0)
     assert runtime.engine.store.find("t") is None
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("step", ["model-0", "observe-0-0", "model-1", "observe-1-1"])
+def test_invariant_1_a_killed_step_neither_duplicates_events_nor_pays_the_model_twice(
+    settings: Settings, step: str
+) -> None:
+    """SIGKILL after a step logged its events but before it committed: the resumed run logs each
+    event once, calls the model once per turn, runs each tool once, and ends like an uncrashed run."""
+    env = {**subprocess_env(settings), "STATEKEEP_TEST_KILL_AFTER": step}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "runtime" / "crash_app.py"), "crashed"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert out.returncode == -9, out.stderr  # really killed, at that point
+    rt = agent_app.build_runtime(settings)
+    try:
+        run = rt.resume("crashed")
+        assert run.status is RunStatus.WAITING_FOR_APPROVAL
+        _approve_all(rt, "crashed")
+        assert rt.resume("crashed").status is RunStatus.COMPLETED
+        rt.run(agent_app.AGENT, "clean", owner=agent_app.OWNER, task=TASK)
+        _approve_all(rt, "clean")
+        rt.resume("clean")
+        assert _transcript(rt, "crashed") == _transcript(rt, "clean")
+        state = rt.working.load("crashed", AgentState)
+        assert state.cursor == rt.context.last_seq("crashed") == rt.engine.store.get("crashed").cursor
+    finally:
+        rt.close()
+    counts = Counter(e["kind"] for e in effects())
+    # two runs: the model answered 4 times per run, every tool ran once per run
+    assert counts == {"model": 8, "lookup": 4, "note": 2, "send": 2}
+
+
+def test_bad_agents_and_run_arguments_are_refused(runtime: Runtime) -> None:
+    """Agent definitions and run arguments are validated before anything is written."""
+    with pytest.raises(InvalidInputError, match="unique"):
+        Agent("a", system="s", tools=[agent_app.AGENT.tools[0], agent_app.AGENT.tools[0]])
+    with pytest.raises(InvalidInputError):
+        Agent("a", system="s", tools=[], max_turns=0)
+    with pytest.raises(InvalidInputError):
+        Agent("", system="s", tools=[])
+    for kwargs in (
+        {"owner": "", "task": "x"},
+        {"owner": "o", "task": "  "},
+        {"owner": "o", "task": "x", "turns": True},
+    ):
+        with pytest.raises(InvalidInputError):
+            runtime.run(agent_app.AGENT, "bad", **kwargs)  # type: ignore[arg-type]
+    assert runtime.engine.store.find("bad") is None
+
+
+def test_a_changed_agent_needs_a_new_version(runtime: Runtime) -> None:
+    """Registering another definition under the same name and version is refused, not ignored."""
+    runtime.register(agent_app.AGENT)
+    changed = Agent(agent_app.AGENT.name, system="other prompt", tools=agent_app.AGENT.tools)
+    with pytest.raises(InvalidInputError, match="bump"):
+        runtime.register(changed)
+    newer = Agent(agent_app.AGENT.name, system="other prompt", tools=agent_app.AGENT.tools, version=2)
+    assert runtime.register(newer).version == 2
+
+
+def test_a_bad_tool_call_is_answered_not_fatal(settings: Settings) -> None:
+    """Unknown tools and wrong arguments come back to the model as errors; the run goes on."""
+
+    def model(messages: Any) -> ModelResponse:
+        results = [m for m in messages if m.get("role") == "tool"]
+        if not results:
+            return ModelResponse(
+                tool_calls=(
+                    agent_app.ToolCall("c1", "lookup", {"town": "Oslo"}),
+                    agent_app.ToolCall("c2", "teleport", {}),
+                )
+            )
+        return ModelResponse(content=" | ".join(str(m["content"]) for m in results))
+
+    rt = Runtime.open(settings, model=ScriptedModel(model), embedder=agent_app.FakeEmbedder())
+    try:
+        run = rt.run(
+            Agent("t", system="s", tools=[agent_app.AGENT.tools[0]]), "bad-call", owner="o", task="x"
+        )
+    finally:
+        rt.close()
+    assert run.status is RunStatus.COMPLETED
+    assert "bad arguments for 'lookup'" in run.output
+    assert "no tool named 'teleport'" in run.output
+    assert [e for e in effects() if e["kind"] != "model"] == []  # the tool never ran with bad arguments

@@ -506,3 +506,37 @@ def test_async_workflows_refuse_a_private_in_memory_sqlite(tmp_path: Any) -> Non
     with pytest.raises(ConfigError, match="SQLite file"):
         engine.run(awf, "r")
     assert engine.store.steps("r") == []
+
+
+@pytest.mark.parametrize("error", ["storage", "locked-memory"])
+def test_an_infrastructure_error_inside_a_step_leaves_the_run_resumable(
+    make_engine: EngineFactory, error: str
+) -> None:
+    """A StorageError or ConfigError (a locked LanceDB folder) raised by a step's own code is not
+    the step's failure: it is not retried as one, the run is not failed, and a resume finishes it.
+    (A storage error leaves the run running for its lease to lapse; a configuration error holds it
+    back until an explicit resume.)"""
+    from statekeep.errors import MemoryLockedError, StorageError
+
+    registry = Registry()
+    broken = {"on": True}
+    tries: list[int] = []
+
+    def flaky() -> str:
+        tries.append(1)
+        if broken["on"]:
+            raise StorageError("database is locked") if error == "storage" else MemoryLockedError("/m")
+        return "ok"
+
+    @registry.workflow("infra", version=1, retry=RetryPolicy(attempts=3))
+    def infra(ctx: RunContext) -> str:
+        return ctx.step("flaky", flaky)  # type: ignore[no-any-return]
+
+    engine = make_engine(registry)
+    with pytest.raises((StorageError, MemoryLockedError)):
+        engine.run(infra, "infra-1")
+    assert len(tries) == 1  # not retried as a step failure
+    expected = RunStatus.RUNNING if error == "storage" else RunStatus.PENDING
+    assert engine.store.get("infra-1").status is expected
+    broken["on"] = False
+    assert engine.resume("infra-1").output == "ok"

@@ -33,6 +33,7 @@ from statekeep.demo import crm
 from statekeep.workflow import RunStatus, WorkflowStore
 
 RESEARCH_SECONDS = 4.0
+MARKER = ".statekeep-demo"
 LEASE_SECONDS = 2.0
 
 
@@ -50,7 +51,10 @@ class Demo:
                 home=self.home, database_url=settings.database_url, memory_url=settings.memory_url
             )
         self.settings = settings
-        self.run_id = f"lead-4471-{uuid.uuid4().hex[:6]}"
+        suffix = uuid.uuid4().hex[:6]
+        self.run_id = f"lead-4471-{suffix}"
+        #: a fresh owner per demo, so erasing it touches no one else's memories
+        self.owner = f"{crm.OWNER}-{suffix}"
         self.workers = 0
 
     # --- the story ----------------------------------------------------------------------------
@@ -68,15 +72,19 @@ class Demo:
     def _setup(self) -> None:
         c = self.console
         c.rule("[bold]statekeep demo: a CRM agent that survives a crash and waits for a manager")
-        if self.settings.database_url.startswith("sqlite"):
-            shutil.rmtree(self.home, ignore_errors=True)
+        marker = self.home / MARKER
+        if self.settings.database_url.startswith("sqlite") and marker.exists():
+            shutil.rmtree(self.home)  # only a folder an earlier demo made and marked
+        if self.home.exists() and not marker.exists() and any(self.home.iterdir()):
+            raise SystemExit(f"{self.home} exists and was not made by the demo; choose another --home")
         self.home.mkdir(parents=True, exist_ok=True)
+        marker.write_text("made by `statekeep demo`; deleted and remade by the next demo\n")
         c.print(
             f"SQL stores: [cyan]{_redact(self.settings.database_url)}[/]   "
             f"memory: [cyan]{self.settings.memory_url}[/]"
         )
         rt = crm.build_runtime(self.settings)
-        rt.start(crm.AGENT, self.run_id, owner=crm.OWNER, task="Qualify lead lead-4471 and update the CRM.")
+        rt.start(crm.AGENT, self.run_id, owner=self.owner, task="Qualify lead lead-4471 and update the CRM.")
         rt.close()
         c.print(f"Run [bold]{self.run_id}[/] recorded as pending: a row, no process yet.\n")
 
@@ -103,7 +111,10 @@ class Demo:
         c.print("   and finds research_lead started but never completed: its reconciler decides.")
         self._worker(research=0).wait()
         run = self.store.get(self.run_id)
-        approval = self.store.approvals(run_id=self.run_id)[0]
+        pending = self.store.approvals(run_id=self.run_id)
+        if run.status != "waiting_for_approval" or not pending:
+            raise SystemExit(f"the run should wait for approval, but it is {run.status}: {run.error}")
+        approval = pending[0]
         c.print(f"    run status: [yellow]{run.status}[/]; worker 2 has exited: waiting costs nothing.")
         c.print(f"    pending approval [bold]{approval.approval_id}[/] ({approval.reason}):")
         c.print(f"      {approval.action}({_kwargs(approval.args)})", markup=False, highlight=False)
@@ -153,7 +164,7 @@ class Demo:
         c.print("\n[bold]5. Long-term memory: what the agent learned, with where it came from.[/]")
         rt = crm.build_runtime(self.settings)
         try:
-            hits = rt.memory.search(crm.OWNER, "How does Ada like to be contacted?", k=3)
+            hits = rt.memory.search(self.owner, "How does Ada like to be contacted?", k=3)
             for hit in hits:
                 p = hit.memory.provenance
                 c.print(f"    found ({hit.score:.2f}): {hit.memory.content!r}")
@@ -163,13 +174,13 @@ class Demo:
                 )
             if not hits:
                 raise SystemExit("the memory was not found")
-            receipt = rt.memory.forget(crm.OWNER)
-            c.print(f"    forget({crm.OWNER!r}) removed {receipt.removed} memory from {receipt.backend}:")
+            receipt = rt.memory.forget(self.owner)
+            c.print(f"    forget({self.owner!r}) removed {receipt.removed} memory from {receipt.backend}:")
             for where in receipt.locations:
                 c.print(f"      - {where}", markup=False, highlight=False)
             for gap in receipt.not_reached:
                 c.print(f"      not reached by erasure itself: {gap}", markup=False, highlight=False)
-            again = rt.memory.search(crm.OWNER, "How does Ada like to be contacted?", k=3)
+            again = rt.memory.search(self.owner, "How does Ada like to be contacted?", k=3)
             c.print(f"    search after erasure: {len(again)} results")
         finally:
             rt.close()
@@ -243,8 +254,11 @@ class Demo:
     def _wait(self, done: Any, proc: subprocess.Popen[str], timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         while not done():
-            if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is not None:
                 raise SystemExit("worker 1 ended before the crash point")
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise SystemExit("worker 1 did not reach the crash point in time")
             time.sleep(0.05)
 
     def _journal(self, title: str) -> None:

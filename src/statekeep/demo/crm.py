@@ -57,8 +57,11 @@ def crm(path: Path | None = None) -> sqlite3.Connection:
 
 def crm_writes(path: Path | None = None) -> int:
     """How many times the CRM was physically written."""
-    with crm(path) as conn:
+    conn = crm(path)
+    try:
         return int(conn.execute("SELECT count(*) FROM write_log").fetchone()[0])
+    finally:
+        conn.close()
 
 
 # --- tools ---------------------------------------------------------------------------------
@@ -92,22 +95,34 @@ def draft_crm_update(key: str, lead_id: str, note: str) -> dict[str, Any]:
 
 
 def write_crm(key: str, lead_id: str, fields: dict[str, Any]) -> dict[str, Any]:
-    """Write the CRM record: the consequential action, gated by a manager's approval."""
-    with crm() as conn:
+    """Write the CRM record: the consequential action, gated by a manager's approval.
+
+    The record and the idempotency key of the write that made it commit together,
+    so the reconciler can always tell whether a write with a given key landed.
+    """
+    conn = crm()
+    try:
+        conn.execute("BEGIN IMMEDIATE")
         conn.execute("INSERT INTO write_log VALUES (?, ?)", (key, time.time()))
         conn.execute(
-            "INSERT INTO records VALUES (?, ?, ?) "
-            "ON CONFLICT (lead_id) DO UPDATE SET fields = excluded.fields",
+            "INSERT INTO records VALUES (?, ?, ?) ON CONFLICT (lead_id) "
+            "DO UPDATE SET fields = excluded.fields, idem_key = excluded.idem_key",
             (lead_id, json.dumps(fields), key),
         )
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
     _say(f"write_crm({lead_id!r}) WROTE the CRM record (idempotency key {key})")
     return {"written": True, "lead_id": lead_id}
 
 
 def crm_reconciler(call: LedgerCall) -> Reconciliation:
     """Ask the CRM whether a write with this idempotency key landed."""
-    with crm() as conn:
+    conn = crm()
+    try:
         row = conn.execute("SELECT lead_id FROM records WHERE idem_key = ?", (call.key,)).fetchone()
+    finally:
+        conn.close()
     return Reconciliation(
         happened=row is not None, result={"written": True, "lead_id": row[0]} if row else None
     )

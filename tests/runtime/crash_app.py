@@ -1,0 +1,53 @@
+"""The test agent, with a SIGKILL after a runtime step has logged its events but before it commits.
+
+``STATEKEEP_TEST_KILL_AFTER`` names the step (``begin``, ``model-1``, ``observe-0-0``...);
+the process kills itself right after that step's function returned, so its context
+events and staged state exist but its completion record does not.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+from statekeep.config import Settings
+from statekeep.runtime import Runtime
+from statekeep.workflow import RunContext
+from tests.runtime import agent_app
+
+
+class CrashingRuntime(Runtime):
+    def _think(self, ctx: RunContext, agent: Any, turn: int) -> dict[str, Any]:
+        out = super()._think(ctx, agent, turn)
+        _maybe_die(f"model-{turn}")
+        return out
+
+    def _observe(self, ctx: RunContext, call: dict[str, Any], result: Any, step: str) -> None:
+        super()._observe(ctx, call, result, step)
+        _maybe_die(step)
+
+
+def _maybe_die(step: str) -> None:
+    if os.environ.get("STATEKEEP_TEST_KILL_AFTER") == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    base = agent_app.build_runtime(Settings.load())
+    base.close()
+    rt = CrashingRuntime(
+        engine=base.engine,
+        context=base.context,
+        working=base.working,
+        memory=base._open_memory,
+        model=base.model,
+    )
+    agent_app.RUNTIMES[:] = [rt]
+    rt.engine.registry.workflows.clear()
+    try:
+        run = rt.run(agent_app.AGENT, sys.argv[1], owner=agent_app.OWNER, task="Plan a trip")
+        print(run.status)
+    finally:
+        rt.close()
