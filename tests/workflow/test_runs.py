@@ -432,7 +432,7 @@ def test_a_parent_waits_for_a_waiting_child_and_is_woken_when_it_finishes(make_e
 
     @registry.workflow("napper", version=1)
     def napper(ctx: RunContext) -> str:
-        ctx.sleep("nap", 0.3)
+        ctx.sleep("nap", 2.0)  # long enough that a loaded machine cannot outlive it before parking
         return "awake"
 
     @registry.workflow("parent", version=1)
@@ -444,7 +444,7 @@ def test_a_parent_waits_for_a_waiting_child_and_is_woken_when_it_finishes(make_e
     assert engine.store.get("kid").status is RunStatus.SLEEPING
     import time
 
-    time.sleep(0.35)
+    time.sleep(2.05)
     assert engine.resume("kid").status is RunStatus.COMPLETED
     assert engine.store.get("p").status is RunStatus.PENDING
     assert engine.resume("p").output == "child said awake"

@@ -42,11 +42,11 @@ def test_sleep_parks_the_run_and_completes_once_due(make_engine: EngineFactory, 
     """A sleeping run keeps its due time across resumes and continues once it has passed."""
     effects = tmp_path / "effects"
     engine = make_engine(waits_registry(effects))
-    run = engine.run(engine.registry.get("nap", 1), "r", 0.4)
+    run = engine.run(engine.registry.get("nap", 1), "r", 1.5)  # room for a loaded machine
     assert run.status is RunStatus.SLEEPING
     assert run.lease_owner is None
     assert engine.resume("r").status is RunStatus.SLEEPING  # early: the clock did not restart
-    time.sleep(0.45)
+    time.sleep(1.55)
     assert engine.resume("r").status is RunStatus.COMPLETED
     assert lines(effects) == ["r before", "r after"]
 
@@ -88,8 +88,8 @@ def test_events_to_finished_or_unknown_runs_are_refused(make_engine: EngineFacto
 def test_an_event_wait_times_out_with_the_default(make_engine: EngineFactory, tmp_path: Path) -> None:
     """With a timeout and no event, the run continues with the default once the timeout passes."""
     engine = make_engine(waits_registry(tmp_path / "effects"))
-    assert engine.run(engine.registry.get("signal", 1), "r", 0.3).status is RunStatus.WAITING_FOR_EVENT
-    time.sleep(0.35)
+    assert engine.run(engine.registry.get("signal", 1), "r", 1.5).status is RunStatus.WAITING_FOR_EVENT
+    time.sleep(1.55)
     assert engine.resume("r").output == "timed out"
 
 
