@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import socket
@@ -25,7 +24,6 @@ from statekeep.errors import (
     StatekeepError,
     StorageError,
     Suspended,
-    VersionConflictError,
     WorkflowVersionError,
 )
 from statekeep.workflow import codec, store
@@ -43,7 +41,6 @@ R = TypeVar("R")
 
 #: errors that mean the code, not the run, is wrong: they reach the caller and the run is held back
 _HOLD = (NonDeterminismError, InvalidInputError, WorkflowVersionError, ConfigError)
-_INSERT_VERSION = working_sql.versions.insert()
 
 
 class Engine:
@@ -239,12 +236,7 @@ class Engine:
             return self.state_store.save(record.run_id, state).version
         if latest is None:
             return working_sql.append(conn, record, None).version
-        row = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
-        try:
-            conn.execute(_INSERT_VERSION, {**row, "version": latest + 1})
-        except sa.exc.IntegrityError as exc:
-            raise VersionConflictError(record.run_id, latest, latest + 1) from exc
-        return latest + 1
+        return working_sql.append_after(conn, record, latest)
 
     def _finish(self, ctx: RunContext, status: RunStatus, output: str | None, error: str | None) -> Run:
         with self.store.fenced(ctx.run_id, ctx.run.epoch) as conn:

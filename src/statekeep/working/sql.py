@@ -72,6 +72,25 @@ def append(conn: Connection, record: StateVersion, expected: int | None) -> Stat
     return stored
 
 
+_INSERT = versions.insert()
+
+
+def append_after(conn: Connection, record: StateVersion, latest: int) -> int:
+    """Insert ``record`` as version ``latest + 1`` in one statement, when the caller knows ``latest``.
+
+    The hot path of a fenced writer (a workflow step's completion): no read, no
+    savepoint. A concurrent writer that took the version first makes it a conflict.
+
+    Raises:
+        VersionConflictError: version ``latest + 1`` of the run already exists.
+    """
+    try:
+        conn.execute(_INSERT, {**_row(record), "version": latest + 1})
+    except sa.exc.IntegrityError as exc:
+        raise VersionConflictError(record.run_id, latest, latest + 1) from exc
+    return latest + 1
+
+
 def _row(record: StateVersion) -> dict[str, object]:
     return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
 
