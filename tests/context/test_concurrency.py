@@ -100,3 +100,27 @@ def test_in_memory_backend_is_thread_safe() -> None:
     for t in threads:
         t.join()
     _assert_gap_free(store, 200)
+
+
+def test_one_read_is_one_snapshot_while_another_writer_commits(sql_url: str) -> None:
+    """A build's head, summary and tail reads come from one snapshot (REPEATABLE READ on PostgreSQL).
+
+    Under READ COMMITTED a writer committing between two reads would show the
+    builder a head from before the commit and a tail from after it.
+    """
+    reader = SQLContextStore(sql_url, counter=CharCounter())
+    writer = SQLContextStore(sql_url, counter=CharCounter())
+    try:
+        reader.append("s", Message.user("one"))
+        with reader._view() as view:
+            head = view.head("s")
+            writer.append("s", Message.user("two"))  # commits while the read is open
+            tail = view.tail("s", after=0, before=None, limit=10)
+        assert head is not None
+        assert head.last_seq == 1
+        assert [e.seq for e in tail] == [1]
+        assert writer.last_seq("s") == 2  # and the write did land
+        assert [e.seq for e in reader.events("s")] == [1, 2]
+    finally:
+        reader.db.dispose()
+        writer.db.dispose()

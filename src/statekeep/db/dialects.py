@@ -38,6 +38,14 @@ class Dialect:
         """Execution options for a connection that will write."""
         return {}
 
+    def read_options(self) -> dict[str, Any]:
+        """Execution options that make a read transaction one consistent snapshot.
+
+        The base (SQLite, WAL) needs nothing: a read transaction keeps the
+        snapshot of its first read until it ends.
+        """
+        return {}
+
     def claim(self, query: sa.Select[Any]) -> sa.Select[Any]:
         """Make a SELECT of rows a worker is about to claim safe against other workers.
 
@@ -93,6 +101,15 @@ class PostgresDialect(Dialect):
 
     def insert(self, table: sa.Table) -> Any:
         return postgresql.insert(table)
+
+    def read_options(self) -> dict[str, Any]:
+        """``REPEATABLE READ READ ONLY``: every statement sees the snapshot of the first.
+
+        Under the default READ COMMITTED each statement takes a new snapshot, so
+        a reader could see a session head from before a commit and a tail from
+        after it. A read-only transaction never fails to serialize.
+        """
+        return {"isolation_level": "REPEATABLE READ", "postgresql_readonly": True}
 
     def claim(self, query: sa.Select[Any]) -> sa.Select[Any]:
         """``FOR UPDATE SKIP LOCKED``: concurrent workers claim disjoint rows without waiting."""

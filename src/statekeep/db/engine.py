@@ -75,8 +75,7 @@ class Database:
 
     def _options(self, write: bool) -> dict[str, Any]:
         opts: dict[str, Any] = {"schema_translate_map": dict(self._schema_map)}
-        if write:
-            opts.update(self.dialect.write_options())
+        opts.update(self.dialect.write_options() if write else self.dialect.read_options())
         return opts
 
     @contextmanager
