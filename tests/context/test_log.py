@@ -22,8 +22,9 @@ from statekeep.context import (
     ToolCall,
     message_tokens,
 )
+from statekeep.context.sql import events
 from statekeep.db import Database
-from statekeep.errors import EventKeyConflictError, InvalidInputError, StatekeepError
+from statekeep.errors import EventKeyConflictError, InvalidInputError, StatekeepError, StorageError
 from statekeep.working import SQLWorkingStateStore
 
 from .conftest import StoreFactory
@@ -233,3 +234,21 @@ def test_concurrent_appends_with_one_key_store_one_event(make_store: StoreFactor
         t.join()
     assert results == [1] * 6
     assert [e.seq for e in store.events("s")] == [1]
+
+
+@pytest.mark.parametrize("bad", ['{"role":"user","content":"a"},{"role":"user","content":"b"}', "[1]", "{"])
+def test_a_corrupt_stored_payload_is_a_storage_error_not_a_shifted_window(sql_url: str, bad: str) -> None:
+    """Payloads are decoded a page at a time; a row that is not one object is caught, not misread."""
+    store = SQLContextStore(sql_url)
+    try:
+        store.extend("s", [Message.user("one"), Message.user("two"), Message.user("three")])
+        with store.db.begin() as conn:
+            conn.execute(sa.update(events).where(events.c.seq == 2).values(payload=bad))
+        with pytest.raises(StorageError, match=r"seqs 1\.\.3"):
+            store.build("s", 1000)
+        fixed = '{"role":"user","content":"2"}'
+        with store.db.begin() as conn:
+            conn.execute(sa.update(events).where(events.c.seq == 2).values(payload=fixed))
+        assert [m.content for m in store.build("s", 1000).messages] == ["one", "2", "three"]
+    finally:
+        store.db.dispose()

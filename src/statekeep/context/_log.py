@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from statekeep.context._types import SUMMARY, Event
+from statekeep.context._types import SUMMARY, Event, LogEntry
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +52,8 @@ class LogView(Protocol):
         """The event appended with idempotency key ``key``, if any."""
         ...
 
-    def tail(self, session_id: str, *, after: int, before: int | None, limit: int) -> list[Event]:
-        """Up to ``limit`` events with ``after < seq < before``, newest first."""
+    def tail(self, session_id: str, *, after: int, before: int | None, limit: int) -> Sequence[LogEntry]:
+        """Up to ``limit`` events with ``after < seq < before``, newest first (no timestamps needed)."""
         ...
 
     def range(self, session_id: str, first: int, last: int) -> list[Event]:
@@ -61,16 +61,16 @@ class LogView(Protocol):
         ...
 
 
-def summary_event(view: LogView, session_id: str) -> Event | None:
-    """The latest ``summary_updated`` event of a session, found through its head row."""
-    head = view.head(session_id)
+def summary_event(view: LogView, session_id: str, head: Head | None = None) -> Event | None:
+    """The latest ``summary_updated`` event of a session, found through its head row (read if not given)."""
+    head = head or view.head(session_id)
     if head is None or not head.summary_seq:
         return None
     event = view.event(session_id, head.summary_seq)
     return event if event is not None and event.kind == SUMMARY else None
 
 
-def iter_tail(view: LogView, session_id: str, floor: int, first_page: int) -> Iterator[Event]:
+def iter_tail(view: LogView, session_id: str, floor: int, first_page: int) -> Iterator[LogEntry]:
     """Events after ``floor``, newest first, read in pages that double in size."""
     before: int | None = None
     page = first_page

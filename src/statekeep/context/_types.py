@@ -160,11 +160,11 @@ class Summary:
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
-    """One stored event of a session's log.
+class LogEntry:
+    """An event as the context builder reads it: what it is, and its tokens, without timestamp or key.
 
-    ``tokens`` was counted once, at append, by the counter named ``counter``.
-    ``key`` is the caller's idempotency key, if the event was appended with one.
+    The builder reads only these columns of the log's tail; :class:`Event` is
+    the full stored record.
     """
 
     session_id: str
@@ -173,8 +173,6 @@ class Event:
     payload: Mapping[str, Any]
     tokens: int
     counter: str
-    created_at: datetime
-    key: str | None = None
 
     @property
     def message(self) -> Message:
@@ -197,6 +195,18 @@ class Event:
     def payload_json(self) -> str:
         """The payload as canonical JSON text (sorted keys), as stored and hashed."""
         return json.dumps(self.payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Event(LogEntry):
+    """One stored event of a session's log.
+
+    ``tokens`` was counted once, at append, by the counter named ``counter``.
+    ``key`` is the caller's idempotency key, if the event was appended with one.
+    """
+
+    created_at: datetime
+    key: str | None = None
 
 
 MemorySource = Literal["user_supplied", "agent_inferred", "system_verified", "imported"]

@@ -18,7 +18,7 @@ from statekeep.context._types import (
     TOOL_CALL,
     TOOL_RESULT,
     ContextReport,
-    Event,
+    LogEntry,
     MemoryItem,
     Message,
 )
@@ -112,7 +112,7 @@ def _build_once(
     pinned: str | Mapping[str, Any] | None,
     items: list[MemoryItem],
     counter: TokenCounter,
-) -> tuple[BuiltContext, list[Event], bool, int]:
+) -> tuple[BuiltContext, list[LogEntry], bool, int]:
     """One build from the stores: (result, tail read, whether to compact, window room)."""
     sections = _fixed_sections(session_id, budget, system, pinned, counter)
     _fit_memories(sections, items, budget, counter)
@@ -166,7 +166,7 @@ def _add_summary(
     sections: _Sections, view: LogView, session_id: str, head: Head, budget: int, counter: TokenCounter
 ) -> int:
     """Add the latest summary if it fits; return the seq the window starts after."""
-    event = summary_event(view, session_id)
+    event = summary_event(view, session_id, head)
     if event is None:
         return head.pruned_to
     summary = event.summary
@@ -181,7 +181,7 @@ def _add_summary(
 
 
 def _tokens_of(counter: TokenCounter) -> TokensOf:
-    def tokens_of(event: Event) -> int:
+    def tokens_of(event: LogEntry) -> int:
         if event.kind == SUMMARY:
             return 0
         if event.counter == counter.name:
@@ -193,13 +193,13 @@ def _tokens_of(counter: TokenCounter) -> TokensOf:
 
 def _read_tail(
     view: LogView, session_id: str, floor: int, room: int, tokens_of: TokensOf
-) -> tuple[list[Event], bool]:
+) -> tuple[list[LogEntry], bool]:
     """Newest events after ``floor`` until the units they open pass ``room``; True if all were read.
 
     A tool result counts only once its call is read: until then it may belong
     to a unit that opens before messages read after it.
     """
-    events: list[Event] = []
+    events: list[LogEntry] = []
     waiting: dict[str, int] = {}
     total = 0
     for event in iter_tail(view, session_id, floor, max(16, min(2048, room // 32))):
@@ -212,7 +212,7 @@ def _read_tail(
     return events, True
 
 
-def _opened(event: Event, tokens_of: TokensOf, waiting: dict[str, int]) -> int:
+def _opened(event: LogEntry, tokens_of: TokensOf, waiting: dict[str, int]) -> int:
     """Tokens that reading ``event`` (newest first) adds to the units it opens."""
     if event.kind == TOOL_RESULT:
         call_id = str(event.payload.get("tool_call_id"))
@@ -224,7 +224,7 @@ def _opened(event: Event, tokens_of: TokensOf, waiting: dict[str, int]) -> int:
 
 
 def _needs_compaction(
-    tail: list[Event], complete: bool, room: int, high_water: float, tokens_of: TokensOf
+    tail: list[LogEntry], complete: bool, room: int, high_water: float, tokens_of: TokensOf
 ) -> bool:
     if not complete:
         return True
@@ -232,7 +232,7 @@ def _needs_compaction(
 
 
 def _compact(
-    store: ContextStore, session_id: str, tail: list[Event], room: int, counter: TokenCounter
+    store: ContextStore, session_id: str, tail: list[LogEntry], room: int, counter: TokenCounter
 ) -> tuple[bool, str | None]:
     """Fold the oldest part of the tail into the summary: (folded, error text if it failed).
 

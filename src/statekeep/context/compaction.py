@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from statekeep.context._log import Draft, Head, LogView, summary_event
-from statekeep.context._types import SUMMARY, TOOL_CALL, TOOL_RESULT, Event, Summary
+from statekeep.context._types import SUMMARY, TOOL_CALL, TOOL_RESULT, Event, LogEntry, Summary
 from statekeep.context.render import render_summary
 from statekeep.context.summarize import Summarizer, input_hash
 from statekeep.context.tokens import TokenCounter, text_tokens
@@ -97,7 +97,7 @@ def _run(session_id: str, plan: FoldPlan, summarizer: Summarizer) -> str:
 
 
 def plan_cut(
-    tail: Sequence[Event], window_budget: int, low_water: float, tokens_of: Callable[[Event], int]
+    tail: Sequence[LogEntry], window_budget: int, low_water: float, tokens_of: Callable[[LogEntry], int]
 ) -> int | None:
     """Where to cut a tail (oldest first) so what is left needs at most ``low_water`` of the window.
 
@@ -117,7 +117,7 @@ def plan_cut(
     return tail[cut].seq
 
 
-def _remaining(tail: Sequence[Event], tokens_of: Callable[[Event], int]) -> list[int]:
+def _remaining(tail: Sequence[LogEntry], tokens_of: Callable[[LogEntry], int]) -> list[int]:
     """``rest[i]``: tokens of the events after index ``i``."""
     rest = [0] * len(tail)
     total = 0
@@ -127,7 +127,7 @@ def _remaining(tail: Sequence[Event], tokens_of: Callable[[Event], int]) -> list
     return rest
 
 
-def _boundaries(tail: Sequence[Event]) -> list[int]:
+def _boundaries(tail: Sequence[LogEntry]) -> list[int]:
     """Indexes ``i`` such that cutting after ``tail[i]`` separates no call from its results."""
     call_at: dict[str, int] = {}
     depth = [0] * (len(tail) + 1)

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from statekeep.context._log import Draft, Head, LogView
-from statekeep.context._types import SUMMARY, Event
+from statekeep.context._types import SUMMARY, Event, LogEntry
 from statekeep.context.base import ContextStore
 from statekeep.context.summarize import Summarizer
 from statekeep.context.tokens import TokenCounter
@@ -29,6 +29,7 @@ from statekeep.db.dialects import Dialect
 from statekeep.db.engine import storage_error
 from statekeep.db.migrations import create_tables
 from statekeep.db.types import UTCDateTime
+from statekeep.errors import StorageError
 
 SCHEMA = "statekeep_context"
 metadata = sa.MetaData(schema=SCHEMA)
@@ -154,18 +155,47 @@ _COLUMNS = (
 )
 
 
+#: What the builder reads of the tail: no timestamp or key, so no per-row datetime parsing.
+_ENTRY_COLUMNS = _COLUMNS[:5]
+
 _decode = json.JSONDecoder().decode
 
 
+def _payloads(rows: Sequence[Any]) -> list[Any]:
+    """Every row's payload (column 2), decoded in one call: a page is one JSON array to the parser.
+
+    Each stored payload is one JSON object (``Event.payload_json``); a row that
+    is not one would shift the array, so the count and the types are checked.
+    """
+    if not rows:
+        return []
+    try:
+        decoded: list[Any] = _decode("[" + ",".join([r[2] for r in rows]) + "]")
+    except ValueError:
+        decoded = []
+    if len(decoded) != len(rows) or any(type(p) is not dict for p in decoded):
+        first, last = sorted((rows[0][0], rows[-1][0]))
+        raise StorageError(f"a context payload is not one JSON object (seqs {first}..{last})")
+    return decoded
+
+
 def _events(session_id: str, rows: Sequence[Any]) -> list[Event]:
-    loads = _decode
-    return [Event(session_id, r[0], r[1], loads(r[2]), r[3], r[4], r[5], r[6]) for r in rows]
+    return [
+        Event(session_id, r[0], r[1], p, r[3], r[4], r[5], r[6])
+        for r, p in zip(rows, _payloads(rows), strict=True)
+    ]
+
+
+def _entries(session_id: str, rows: Sequence[Any]) -> list[LogEntry]:
+    return [
+        LogEntry(session_id, r[0], r[1], p, r[3], r[4]) for r, p in zip(rows, _payloads(rows), strict=True)
+    ]
 
 
 def _statements() -> dict[str, sa.Select[Any]]:
     """The view's queries, built once with bound parameters (the hot path skips statement building)."""
     sid, seq = events.c.session_id == sa.bindparam("sid"), events.c.seq
-    tail = sa.select(*_COLUMNS).where(sid, seq > sa.bindparam("after"))
+    tail = sa.select(*_ENTRY_COLUMNS).where(sid, seq > sa.bindparam("after"))
     newest = seq.desc()
     return {
         "head": sa.select(sessions.c.last_seq, sessions.c.summary_seq, sessions.c.pruned_to).where(
@@ -202,12 +232,12 @@ class _SQLView:
         found = _events(session_id, self._conn.execute(_Q["key"], {"sid": session_id, "key": key}).all())
         return found[0] if found else None
 
-    def tail(self, session_id: str, *, after: int, before: int | None, limit: int) -> list[Event]:
+    def tail(self, session_id: str, *, after: int, before: int | None, limit: int) -> list[LogEntry]:
         params = {"sid": session_id, "after": after, "limit": limit}
         if before is None:
-            return _events(session_id, self._conn.execute(_Q["tail"], params).all())
+            return _entries(session_id, self._conn.execute(_Q["tail"], params).all())
         rows = self._conn.execute(_Q["tail_before"], {**params, "before": before}).all()
-        return _events(session_id, rows)
+        return _entries(session_id, rows)
 
     def range(self, session_id: str, first: int, last: int) -> list[Event]:
         rows = self._conn.execute(_Q["range"], {"sid": session_id, "first": first, "last": last}).all()

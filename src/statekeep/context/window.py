@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from statekeep.context._types import SUMMARY, TOOL_CALL, TOOL_RESULT, Event, Message
+from statekeep.context._types import SUMMARY, TOOL_CALL, TOOL_RESULT, LogEntry, Message
 
-TokensOf = Callable[[Event], int]
+TokensOf = Callable[[LogEntry], int]
 Recount = Callable[[Message], int]
 
 
@@ -50,13 +50,25 @@ class Window:
 
 @dataclass(slots=True)
 class _Turn:
-    call: Event
-    results: dict[str, Event]
+    call: LogEntry
+    results: dict[str, LogEntry]
 
 
-def group_units(events: Sequence[Event], tokens_of: TokensOf, recount: Recount) -> tuple[list[Unit], int]:
+def group_units(events: Sequence[LogEntry], tokens_of: TokensOf, recount: Recount) -> tuple[list[Unit], int]:
     """Group events (oldest first) into units; return them and the number of events dropped."""
-    slots: list[Event | _Turn] = []
+    slots, dropped = _slots(events)
+    units = []
+    for slot in slots:
+        unit, lost = _unit(slot, tokens_of, recount)
+        dropped += lost
+        if unit is not None:
+            units.append(unit)
+    return units, dropped
+
+
+def _slots(events: Sequence[LogEntry]) -> tuple[list[LogEntry | _Turn], int]:
+    """Events (oldest first) as unit slots, each tool call with the results read so far; and orphans."""
+    slots: list[LogEntry | _Turn] = []
     open_calls: dict[str, _Turn] = {}
     dropped = 0
     for event in events:
@@ -71,16 +83,10 @@ def group_units(events: Sequence[Event], tokens_of: TokensOf, recount: Recount) 
             slots.append(turn)
             continue
         slots.append(event)
-    units = []
-    for slot in slots:
-        unit, lost = _unit(slot, tokens_of, recount)
-        dropped += lost
-        if unit is not None:
-            units.append(unit)
-    return units, dropped
+    return slots, dropped
 
 
-def _attach(open_calls: dict[str, _Turn], event: Event) -> bool:
+def _attach(open_calls: dict[str, _Turn], event: LogEntry) -> bool:
     call_id = event.payload.get("tool_call_id")
     turn = open_calls.pop(call_id, None) if isinstance(call_id, str) else None
     if turn is None:
@@ -89,8 +95,8 @@ def _attach(open_calls: dict[str, _Turn], event: Event) -> bool:
     return True
 
 
-def _unit(slot: Event | _Turn, tokens_of: TokensOf, recount: Recount) -> tuple[Unit | None, int]:
-    if isinstance(slot, Event):
+def _unit(slot: LogEntry | _Turn, tokens_of: TokensOf, recount: Recount) -> tuple[Unit | None, int]:
+    if isinstance(slot, LogEntry):
         return Unit(slot.seq, (slot.message,), tokens_of(slot), 1), 0
     call = slot.call.message
     ids = [c.id for c in call.tool_calls]
@@ -99,26 +105,38 @@ def _unit(slot: Event | _Turn, tokens_of: TokensOf, recount: Recount) -> tuple[U
         messages = (call, *(r.message for r in results))
         tokens = tokens_of(slot.call) + sum(tokens_of(r) for r in results)
         return Unit(slot.call.seq, messages, tokens, 1 + len(results)), 0
-    lost = len(slot.results) + (0 if call.content else 1)
+    lost = _lost(slot)
     if not call.content:
         return None, lost
     text = call.without_tool_calls()
     return Unit(slot.call.seq, (text,), recount(text), 1), lost
 
 
-def select_window(events: Sequence[Event], budget: int, tokens_of: TokensOf, recount: Recount) -> Window:
+def _lost(slot: LogEntry | _Turn) -> int:
+    """Events of a slot no unit carries: an interrupted turn's results, and its call if it has no text."""
+    if isinstance(slot, LogEntry) or all(i in slot.results for i in slot.call.call_ids()):
+        return 0
+    return len(slot.results) + (0 if slot.call.payload.get("content") else 1)
+
+
+def select_window(events: Sequence[LogEntry], budget: int, tokens_of: TokensOf, recount: Recount) -> Window:
     """The newest whole units of ``events`` (oldest first) that fit in ``budget`` tokens.
 
     Units are taken newest first and selection stops at the first unit that
     does not fit, so the window is always a contiguous recent stretch.
     """
-    units, dropped = group_units(events, tokens_of, recount)
+    slots, dropped = _slots(events)
     chosen: list[Unit] = []
     total = 0
     oversized = None
-    for unit in reversed(units):
+    for k in range(len(slots) - 1, -1, -1):
+        unit, lost = _unit(slots[k], tokens_of, recount)
+        dropped += lost
+        if unit is None:
+            continue
         if total + unit.tokens > budget:
             oversized = unit.seq if unit.tokens > budget else None
+            dropped += sum(_lost(s) for s in slots[:k])  # older slots are not built at all
             break
         chosen.append(unit)
         total += unit.tokens
