@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from statekeep._text import check_storable
 from statekeep.config import Settings
 from statekeep.context import Event, MemoryItem, Message, SQLContextStore, ToolCall, to_openai
 from statekeep.db import Database
@@ -474,6 +475,7 @@ def _turn_limit(turns: int | None) -> Iterator[None]:
 def _check_text(value: object, name: str, limit: int = 255) -> None:
     if not isinstance(value, str) or not value.strip() or len(value) > limit:
         raise InvalidInputError(f"must be a non-empty string of at most {limit} characters", field=name)
+    check_storable(value, name)
 
 
 def _check_run(owner: object, task: object, session_id: object) -> None:

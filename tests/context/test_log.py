@@ -97,6 +97,8 @@ def test_extend_is_one_transaction(store: ContextStore) -> None:
         (Message.assistant("x", tool_calls=[ToolCall("c", "t", {"v": math.nan})]), "message"),
         (Message.assistant("x", tool_calls=[ToolCall("c", "t", {"v": object()})]), "message"),
         ("just text", "message"),
+        (Message.user("half a pair \ud83d"), "message"),  # a lone surrogate cannot be stored
+        (Message.assistant("x", tool_calls=[ToolCall("c", "t", {"v": "\udfff"})]), "message"),
     ],
 )
 def test_bad_messages_are_refused_and_write_nothing(store: ContextStore, message: object, field: str) -> None:
@@ -107,9 +109,9 @@ def test_bad_messages_are_refused_and_write_nothing(store: ContextStore, message
     assert store.last_seq("s") == 0
 
 
-@pytest.mark.parametrize("session_id", ["", "x" * 256, None, 7])
+@pytest.mark.parametrize("session_id", ["", "x" * 256, None, 7, "a\x00b", "\ud800"])
 def test_bad_session_ids_are_refused(store: ContextStore, session_id: object) -> None:
-    """A session id must be a non-empty string of at most 255 characters."""
+    """A session id must be a non-empty string of at most 255 characters that every backend stores."""
     with pytest.raises(InvalidInputError) as err:
         store.append(session_id, Message.user("x"))  # type: ignore[arg-type]
     assert err.value.field == "session_id"

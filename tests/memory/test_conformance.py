@@ -273,12 +273,18 @@ def test_reembed_moves_memories_to_the_new_model_in_batches_with_progress(make_s
     [
         (lambda s: s.remember("", "x"), "owner"),
         (lambda s: s.remember("a\x00b", "x"), "owner"),
+        (lambda s: s.remember("\ud800", "x"), "owner"),
+        (lambda s: s.remember("o", "half a pair \ud83d"), "content"),
+        (lambda s: s.remember("o", "x", tags=["\udfff"]), "tags"),
+        (lambda s: s.search("\ud800", "x"), "owner"),
+        (lambda s: s.forget("\ud800"), "owner"),
         (lambda s: s.remember(7, "x"), "owner"),
         (lambda s: s.remember("o", ""), "content"),
         (lambda s: s.remember("o", "x", kind="fact"), "kind"),
         (lambda s: s.remember("o", "x", tags=[""]), "tags"),
         (lambda s: s.remember("o", "x", metadata={"f": float("nan")}), "metadata"),
         (lambda s: s.remember("o", "x", metadata={1: "a"}), "metadata"),
+        (lambda s: s.remember("o", "x", metadata={"note": "\ud800"}), "metadata"),
         (lambda s: s.remember("o", "x", provenance=Provenance("gossip")), "provenance.source"),  # type: ignore[arg-type]
         (lambda s: s.remember("o", "x", provenance=Provenance(trust=1.5)), "provenance.trust"),
         (lambda s: s.remember("o", "x", ttl=timedelta(0)), "ttl"),

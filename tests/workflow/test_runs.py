@@ -137,7 +137,7 @@ def test_bad_run_ids_and_inputs_are_refused_before_writing(make_engine: EngineFa
     """An empty id, a too-long id or a non-JSON input raises InvalidInputError; no run is stored."""
     engine = make_engine(counting_registry([]))
     three = engine.registry.get("three", 1)
-    for bad in ("", "x" * 300):
+    for bad in ("", "x" * 300, "a\x00b", "\ud800"):
         with pytest.raises(InvalidInputError, match="run_id"):
             engine.run(three, bad, "a")
     with pytest.raises(InvalidInputError, match="input"):

@@ -136,9 +136,9 @@ def test_not_a_model_is_refused(store: WorkingStateStore) -> None:
         store.save("run", {"a": 1})  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("run_id", ["", None, "x" * 256, 42])
+@pytest.mark.parametrize("run_id", ["", None, "x" * 256, 42, "a\x00b", "\ud800"])
 def test_bad_run_id_is_refused(store: WorkingStateStore, run_id: object) -> None:
-    """Run ids are non-empty strings of at most 255 characters."""
+    """Run ids are non-empty strings of at most 255 characters that every backend can store."""
     with pytest.raises(InvalidInputError) as err:
         store.save(run_id, Plan())  # type: ignore[arg-type]
     assert err.value.field == "run_id"

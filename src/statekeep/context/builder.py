@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from statekeep._text import check_unicode
 from statekeep.context import compaction
 from statekeep.context._log import Head, LogView, iter_tail, summary_event
 from statekeep.context._types import (
@@ -138,7 +139,7 @@ def _fixed_sections(
         raise InvalidInputError("must be text or None", field="system")
     sections = _Sections()
     if system:
-        sections.add("system", system, counter)
+        sections.add("system", check_unicode(system, "system"), counter)
     if pinned is not None and pinned != "":
         sections.add("pinned", render_pinned(pinned), counter)
     if sections.used > budget:

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, cast
 
+from statekeep._text import check_id, check_unicode
 from statekeep.context._types import MEMORY_SOURCES, MemoryItem, MemorySource, Message, ToolCall
 from statekeep.errors import InvalidInputError
 
@@ -15,21 +16,13 @@ ROLES = ("system", "user", "assistant", "tool")
 
 
 def check_session_id(session_id: object) -> str:
-    """A session id: a non-empty string of at most 255 characters."""
-    if not isinstance(session_id, str) or not session_id or len(session_id) > MAX_ID:
-        raise InvalidInputError(
-            f"must be a non-empty string of at most {MAX_ID} characters", field="session_id"
-        )
-    return session_id
+    """A session id: a non-empty string of at most 255 characters that every backend can store."""
+    return check_id(session_id, "session_id", MAX_ID)
 
 
 def check_key(key: object) -> str | None:
     """An idempotency key: None, or a non-empty string of at most 255 characters."""
-    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_ID):
-        raise InvalidInputError(
-            f"must be None or a non-empty string of at most {MAX_ID} characters", field="key"
-        )
-    return key
+    return None if key is None else check_id(key, "key", MAX_ID)
 
 
 def check_budget(budget: object) -> int:
@@ -111,9 +104,10 @@ def _check_calls(calls: tuple[ToolCall, ...]) -> None:
 
 def _check_json(payload: dict[str, Any]) -> None:
     try:
-        text = json.dumps(payload, allow_nan=False, sort_keys=True)
+        text = json.dumps(payload, allow_nan=False, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"not JSON-safe: {exc}", field="message") from exc
+    check_unicode(text, "message")  # stored as JSON text, which escapes NUL
     if json.loads(text) != payload:
         raise InvalidInputError("does not survive a JSON round trip unchanged", field="message")
 
@@ -140,14 +134,17 @@ def to_memory(item: object) -> MemoryItem:
 
 def check_pinned(pinned: object) -> str | Mapping[str, Any] | None:
     """Pinned state: None, text, or a JSON-safe mapping."""
-    if pinned is None or isinstance(pinned, str):
+    if pinned is None:
         return pinned
+    if isinstance(pinned, str):
+        return check_unicode(pinned, "pinned")
     if not isinstance(pinned, Mapping):
         raise InvalidInputError(f"must be text or a mapping, got {type(pinned).__name__}", field="pinned")
     try:
-        json.dumps(pinned, allow_nan=False, sort_keys=True, default=_no_default)
+        text = json.dumps(pinned, allow_nan=False, sort_keys=True, default=_no_default, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"not JSON-safe: {exc}", field="pinned") from exc
+    check_unicode(text, "pinned")
     return pinned
 
 

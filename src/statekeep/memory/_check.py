@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
+from statekeep._text import check_storable, check_unicode
 from statekeep.errors import InvalidInputError
 from statekeep.memory._types import (
     MEMORY_KINDS,
@@ -30,12 +31,10 @@ T = TypeVar("T")
 
 
 def check_text(value: object, field: str, *, limit: int, allow_empty: bool = False) -> str:
-    """A string without NUL characters, of at most ``limit`` characters."""
+    """A string of at most ``limit`` characters that every backend can store (no NUL, no lone surrogate)."""
     if not isinstance(value, str) or (not value and not allow_empty) or len(value) > limit:
         raise InvalidInputError(f"must be a non-empty string of at most {limit} characters", field=field)
-    if "\x00" in value:
-        raise InvalidInputError("must not contain NUL characters", field=field)
-    return value
+    return check_storable(value, field)
 
 
 def check_owner(owner: object) -> str:
@@ -91,9 +90,10 @@ def check_metadata(metadata: object) -> dict[str, Any]:
     if not isinstance(metadata, Mapping):
         raise InvalidInputError("must be a dict", field="metadata")
     try:
-        text = json.dumps(dict(metadata), allow_nan=False)
+        text = json.dumps(dict(metadata), allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"must be JSON: {exc}", field="metadata") from exc
+    check_unicode(text, "metadata")
     again: dict[str, Any] = json.loads(text)
     if again != dict(metadata) or "\\u0000" in text:
         raise InvalidInputError(

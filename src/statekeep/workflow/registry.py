@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol
 
 import pydantic
 
+from statekeep._text import check_id
 from statekeep.errors import InvalidInputError, UnknownWorkflowError
 from statekeep.workflow._types import Reconciliation, RetryPolicy, StepRecord, ToolCall
 
@@ -214,5 +215,4 @@ class Registry:
 
 
 def _check_name(name: object) -> None:
-    if not isinstance(name, str) or not name or len(name) > 255:
-        raise InvalidInputError("must be a non-empty string of at most 255 characters", field="name")
+    check_id(name, "name")

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import pydantic
 
+from statekeep._text import check_id
 from statekeep.errors import InvalidInputError, StateNotFoundError
 from statekeep.working._types import StateVersion
 from statekeep.working.schema import M, StateMigrations, decode, encode
@@ -19,10 +20,8 @@ MAX_ID = 255
 
 
 def check_run_id(run_id: object) -> str:
-    """Validate a run id: a non-empty string of at most 255 characters."""
-    if not isinstance(run_id, str) or not run_id or len(run_id) > MAX_ID:
-        raise InvalidInputError(f"must be a non-empty string of at most {MAX_ID} characters", field="run_id")
-    return run_id
+    """Validate a run id: a non-empty string of at most 255 characters that every backend can store."""
+    return check_id(run_id, "run_id", MAX_ID)
 
 
 class WorkingStateStore(ABC):
