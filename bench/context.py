@@ -4,7 +4,9 @@ For histories of 1,000, 10,000 and 100,000 events (chat turns and parallel
 tool calls, bulk-inserted), on SQLite and PostgreSQL, measures
 ``ContextStore.build`` at 8k and 128k token budgets, p50 and p99, against a
 baseline measured in the same run: a plain ``SELECT`` of the same number of
-newest rows. Target: flat in history length, p50 < 5 ms at 8k.
+newest rows. Target: flat in history length, p50 < 5 ms at 8k. Each case is
+also timed as a runtime calls it, with a system prompt, pinned task state and
+five memories (counted on every build, as they may change between calls).
 
 Run from the repository root::
 
@@ -35,6 +37,21 @@ from statekeep.context import Message, SQLContextStore, TiktokenCounter, ToolCal
 from statekeep.context.sql import events, sessions
 
 BUDGETS = (8_000, 128_000)
+
+#: What a runtime adds to every build: a system prompt, pinned task state, and retrieved memories.
+SYSTEM = (
+    "You are a travel assistant for Acme Corp. Book only within the travel policy: economy class "
+    "under four hours, hotels under EUR 180 a night. Confirm every booking with the traveller "
+    "before paying, and never share one traveller's details with another. "
+) * 4
+PINNED = {"task": "Book Oslo-Lisbon for Friday, hold the cheapest morning flight", "turn": 12, "held": []}
+MEMORIES = [
+    {"content": "Prefers aisle seats.", "source": "user_supplied", "memory_id": "m1"},
+    {"content": "Has a Star Alliance Gold card.", "source": "system_verified", "memory_id": "m2"},
+    {"content": "Travels with a bike case on long trips.", "source": "agent_inferred", "memory_id": "m3"},
+    {"content": "Usually flies out of Oslo Gardermoen.", "source": "agent_inferred", "memory_id": "m4"},
+    {"content": "Company card ends in 4411.", "source": "system_verified", "memory_id": "m5"},
+]
 RESULTS = Path(__file__).parent / "results" / "context.json"
 
 
@@ -140,6 +157,12 @@ def bench_backend(name: str, url: str, sizes: list[int], repeat: int) -> list[di
             reps = repeat if budget <= 8_000 else max(10, repeat // 5)
             build = timed(lambda b=budget, s=session: store.build(s, b, compact=False), reps)
             base = timed(baseline(store, session, read + 1), reps)
+            full = timed(
+                lambda b=budget, s=session: store.build(
+                    s, b, system=SYSTEM, pinned=PINNED, memories=MEMORIES, compact=False
+                ),
+                reps,
+            )
             row = {
                 "backend": name,
                 "events": n,
@@ -147,13 +170,15 @@ def bench_backend(name: str, url: str, sizes: list[int], repeat: int) -> list[di
                 "window_events": read,
                 "build": build,
                 "baseline_select": base,
+                "build_with_sections": full,
                 "ratio_p50": build["p50_ms"] / base["p50_ms"],
             }
             out.append(row)
             print(
                 f"[{name}] events={n:>7} budget={budget:>6} window={read:>5}  "
                 f"build p50={build['p50_ms']:7.2f} ms p99={build['p99_ms']:7.2f} ms  "
-                f"select p50={base['p50_ms']:6.2f} ms  ratio={row['ratio_p50']:.1f}x"
+                f"select p50={base['p50_ms']:6.2f} ms  ratio={row['ratio_p50']:.1f}x  "
+                f"with system+pinned+memories p50={full['p50_ms']:6.2f} ms"
             )
     store.db.dispose()
     return out

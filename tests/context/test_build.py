@@ -165,6 +165,7 @@ def test_invariant_6_build_reads_only_the_tail_it_needs(make_store: StoreFactory
     store = make_store(counter=CharCounter(1))
     for session, n in (("short", 100), ("long", 1500)):
         store.extend(session, [Message.user(f"message {i:05d}") for i in range(n)])
+    store.build("short", 300, compact=False)  # page sizes follow the tokens per event seen so far
     spy(store)
     counts = []
     for session in ("short", "long"):
@@ -175,8 +176,8 @@ def test_invariant_6_build_reads_only_the_tail_it_needs(make_store: StoreFactory
 
 
 class _CountingView:
-    def __init__(self, inner: LogView, reads: list[int]) -> None:
-        self.inner, self.reads = inner, reads
+    def __init__(self, inner: LogView, reads: list[int], calls: list[str] | None = None) -> None:
+        self.inner, self.reads, self.calls = inner, reads, calls
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.inner, name)
@@ -184,6 +185,8 @@ class _CountingView:
         def counted(*args: Any, **kw: Any) -> Any:
             out = method(*args, **kw)
             self.reads.append(len(out) if isinstance(out, list) else 1)
+            if self.calls is not None and name == "tail":
+                self.calls.append(name)
             return out
 
         return counted
@@ -264,3 +267,31 @@ def test_context_package_all_is_sorted_and_complete() -> None:
 
     assert context.__all__ == sorted(context.__all__)
     assert all(hasattr(context, name) for name in context.__all__)
+
+
+def test_tail_pages_follow_the_tokens_per_event_read(make_store: StoreFactory) -> None:
+    """A warm build reads its tail in one page; a session of a different shape needs at most two.
+
+    The window is the same as a fresh store's, whatever the store learned before.
+    """
+    store = make_store(counter=CharCounter(1))
+    store.extend("small", [Message.user(f"message {i:05d}") for i in range(2000)])  # 16 tokens each
+    store.extend("big", [Message.user(f"{i:05d}" + "x" * 395) for i in range(200)])  # 403 tokens each
+    tails: list[str] = []
+    real = store._view
+
+    @contextmanager
+    def view() -> Iterator[LogView]:
+        with real() as inner:
+            yield _CountingView(inner, [], tails)
+
+    store._view = view  # type: ignore[method-assign]
+    pages = {}
+    for name, session in (("cold", "small"), ("warm", "small"), ("big", "big"), ("back", "small")):
+        tails.clear()
+        built = store.build(session, 4000, compact=False)
+        pages[name] = len(tails)
+        fresh = make_store(counter=CharCounter(1)).build(session, 4000, compact=False)
+        assert built.messages == fresh.messages
+    assert pages["warm"] == 1
+    assert max(pages.values()) <= 2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -68,16 +68,3 @@ def summary_event(view: LogView, session_id: str, head: Head | None = None) -> E
         return None
     event = view.event(session_id, head.summary_seq)
     return event if event is not None and event.kind == SUMMARY else None
-
-
-def iter_tail(view: LogView, session_id: str, floor: int, first_page: int) -> Iterator[LogEntry]:
-    """Events after ``floor``, newest first, read in pages that double in size."""
-    before: int | None = None
-    page = first_page
-    while True:
-        batch = view.tail(session_id, after=floor, before=before, limit=page)
-        yield from batch
-        if len(batch) < page:
-            return
-        before = batch[-1].seq
-        page = min(page * 2, 4096)

@@ -68,6 +68,8 @@ class ContextStore(ABC):
         self.summarizer: Summarizer = (
             check_summarizer(summarizer) if summarizer is not None else OfflineSummarizer()
         )
+        #: Tokens per event of the tails read so far: sizes the next build's page reads.
+        self._tokens_per_event = 32.0
         self.high_water = check_fraction(high_water, "high_water")
         self.low_water = check_fraction(low_water, "low_water")
         if self.low_water >= self.high_water:

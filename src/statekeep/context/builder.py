@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from statekeep._text import check_unicode
 from statekeep.context import compaction
-from statekeep.context._log import Head, LogView, iter_tail, summary_event
+from statekeep.context._log import Head, LogView, summary_event
 from statekeep.context._types import (
     SUMMARY,
     TOOL_CALL,
@@ -122,7 +122,10 @@ def _build_once(
         head = view.head(session_id) or Head(0, 0, 0)
         floor = _add_summary(sections, view, session_id, head, budget, counter)
         room = budget - sections.used
-        tail, complete = _read_tail(view, session_id, floor, room, tokens_of)
+        tail, complete, per_event = _read_tail(
+            view, session_id, floor, room, tokens_of, store._tokens_per_event
+        )
+    store._tokens_per_event = per_event
     window = select_window(tail, room, tokens_of, lambda m: message_tokens(counter, m))
     needs = _needs_compaction(tail, complete, room, store.high_water, tokens_of)
     return _assemble(sections, window, head, budget, counter), tail, needs, room
@@ -193,35 +196,54 @@ def _tokens_of(counter: TokenCounter) -> TokensOf:
 
 
 def _read_tail(
-    view: LogView, session_id: str, floor: int, room: int, tokens_of: TokensOf
-) -> tuple[list[LogEntry], bool]:
-    """Newest events after ``floor`` until the units they open pass ``room``; True if all were read.
+    view: LogView, session_id: str, floor: int, room: int, tokens_of: TokensOf, per_event: float
+) -> tuple[list[LogEntry], bool, float]:
+    """Newest events after ``floor`` until the units they open pass ``room``.
+
+    Returns the events (oldest first), True if all were read, and the tokens
+    per event read. Pages are sized to what is still missing, at ``per_event``
+    tokens per event (then at the rate read so far) plus a margin, so a build
+    usually reads one page about the window's length: no second round trip,
+    and few rows decoded for nothing.
 
     A tool result counts only once its call is read: until then it may belong
     to a unit that opens before messages read after it.
     """
     events: list[LogEntry] = []
     waiting: dict[str, int] = {}
-    total = 0
-    for event in iter_tail(view, session_id, floor, max(16, min(2048, room // 32))):
-        events.append(event)
-        total += _opened(event, tokens_of, waiting)
-        if total > room:
-            events.reverse()
-            return events, False
+    total = seen = 0
+    before: int | None = None
+    complete = False
+    while not complete and total <= room:
+        limit = min(PAGE_MAX, PAGE_MIN + int(1.25 * (room - total) / per_event))
+        page = view.tail(session_id, after=floor, before=before, limit=limit)
+        for event in page:
+            events.append(event)
+            tokens = tokens_of(event)
+            seen += tokens
+            total += _opened(event, tokens, waiting)
+            if total > room:
+                break
+        complete = len(page) < limit
+        if page:
+            before, per_event = page[-1].seq, max(1.0, seen / len(events))
     events.reverse()
-    return events, True
+    return events, complete and total <= room, per_event
 
 
-def _opened(event: LogEntry, tokens_of: TokensOf, waiting: dict[str, int]) -> int:
-    """Tokens that reading ``event`` (newest first) adds to the units it opens."""
+#: Bounds of one page of the tail read (rows).
+PAGE_MIN, PAGE_MAX = 16, 4096
+
+
+def _opened(event: LogEntry, tokens: int, waiting: dict[str, int]) -> int:
+    """Tokens that reading ``event`` (newest first, costing ``tokens``) adds to the units it opens."""
     if event.kind == TOOL_RESULT:
         call_id = str(event.payload.get("tool_call_id"))
-        waiting[call_id] = waiting.get(call_id, 0) + tokens_of(event)
+        waiting[call_id] = waiting.get(call_id, 0) + tokens
         return 0
     if event.kind == TOOL_CALL:
-        return tokens_of(event) + sum(waiting.pop(i, 0) for i in event.call_ids())
-    return tokens_of(event)
+        return tokens + sum(waiting.pop(i, 0) for i in event.call_ids())
+    return tokens
 
 
 def _needs_compaction(
