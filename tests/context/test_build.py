@@ -295,3 +295,24 @@ def test_tail_pages_follow_the_tokens_per_event_read(make_store: StoreFactory) -
         assert built.messages == fresh.messages
     assert pages["warm"] == 1
     assert max(pages.values()) <= 2
+
+
+def test_a_repeated_system_prompt_and_pinned_state_are_counted_once(make_store: StoreFactory) -> None:
+    """Sections repeat from call to call; their counts are remembered by counter name and text."""
+    seen: list[str] = []
+
+    class Counting(CharCounter):
+        def count(self, text: str) -> int:
+            seen.append(text)
+            return super().count(text)
+
+    counter = Counting(1)
+    counter.name = f"counting-{id(seen)}"  # a name no other test's counter has
+    store = make_store(counter=counter)
+    store.append("s", Message.user("hello"))
+    reports = [store.build("s", 1000, system="You are terse.", pinned={"step": 1}).report for _ in range(3)]
+    assert seen.count("You are terse.") == 1
+    assert len({(r.system, r.pinned, r.window) for r in reports}) == 1
+    assert reports[0].system == 3 + len("You are terse.")
+    store.build("s", 1000, system="You are verbose.", pinned={"step": 2})
+    assert seen.count("You are verbose.") == 1

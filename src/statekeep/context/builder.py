@@ -66,12 +66,31 @@ class _Sections:
 
     def add(self, section: str, text: str, counter: TokenCounter) -> int:
         self.messages.append(Message.system(text))
-        self.tokens[section] = text_tokens(counter, text)
+        self.tokens[section] = section_tokens(counter, text)
         return self.tokens[section]
 
     @property
     def used(self) -> int:
         return REPLY_OVERHEAD + sum(self.tokens.values())
+
+
+#: Counts of recent section texts: a system prompt or pinned state repeats from call to call.
+#: Keyed by counter name, which the TokenCounter protocol says fixes the count.
+_COUNTS: dict[tuple[str, str], int] = {}
+_COUNTS_MAX, _COUNT_TEXT_MAX = 256, 65_536
+
+
+def section_tokens(counter: TokenCounter, text: str) -> int:
+    """:func:`text_tokens`, remembered for the last few hundred texts of up to 64k characters."""
+    key = (counter.name, text)
+    tokens = _COUNTS.get(key)
+    if tokens is None:
+        tokens = text_tokens(counter, text)
+        if len(text) <= _COUNT_TEXT_MAX:
+            if len(_COUNTS) >= _COUNTS_MAX:
+                _COUNTS.clear()
+            _COUNTS[key] = tokens
+    return tokens
 
 
 def build(
@@ -159,11 +178,11 @@ def _memories(memories: Sequence[object]) -> list[MemoryItem]:
 def _fit_memories(sections: _Sections, items: list[MemoryItem], budget: int, counter: TokenCounter) -> None:
     """Keep the leading memories (the caller's order is its ranking) whose block fits."""
     keep = len(items)
-    while keep and sections.used + text_tokens(counter, render_memories(items[:keep])) > budget:
+    while keep and sections.used + section_tokens(counter, render_memories(items[:keep])) > budget:
         keep -= 1
     sections.memories_dropped = len(items) - keep
     if keep:
-        sections.add("memories", render_memories(items[:keep]), counter)
+        sections.add("memories", render_memories(items[:keep]), counter)  # counted above
 
 
 def _add_summary(
