@@ -21,10 +21,12 @@ Examples:
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import inspect
 import json
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -184,6 +186,7 @@ class Runtime:
         self.engine, self.context, self.working, self.model = engine, context, working, model
         self._open_memory = memory
         self._memory: MemoryStore | None = None
+        self._model_loop = _ModelLoop()
         self._agents: dict[tuple[str, int], tuple[Agent, Workflow[Any, Any]]] = {}
 
     @classmethod
@@ -324,7 +327,8 @@ class Runtime:
         )
 
     def close(self) -> None:
-        """Release the memory store (and its folder lock) and every database connection."""
+        """Release the memory store (and its folder lock), the async model's loop, and every connection."""
+        self._model_loop.close()
         if self._memory is not None:
             self._memory.close()
             self._memory = None
@@ -450,10 +454,48 @@ class Runtime:
 
     def _complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec]) -> ModelResponse:
         if isinstance(self.model, AsyncModel):
-            import asyncio
-
-            return asyncio.run(self.model.acomplete(messages, tools))
+            return self._model_loop.run(self.model.acomplete(messages, tools))
         return self.model.complete(messages, tools)
+
+
+class _ModelLoop:
+    """One event loop, on a daemon thread, that runs every call of an async model.
+
+    ``asyncio.run`` per call would fail inside a running loop (a notebook) and
+    would close the loop an async HTTP client is bound to after each call.
+    Here the caller's thread blocks on the call, whatever loop it runs, and the
+    loop lives until the runtime is closed.
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, coroutine: Coroutine[Any, Any, ModelResponse]) -> ModelResponse:
+        """Run ``coroutine`` on the loop and wait for its result (cancelled if the wait is interrupted)."""
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(
+                    target=self._loop.run_forever, name="statekeep-async-model", daemon=True
+                )
+                self._thread.start()
+            future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    def close(self) -> None:
+        """Stop the loop and its thread (a later call starts new ones)."""
+        with self._lock:
+            loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
 
 
 def _ledger_tool(tool: AgentTool) -> Tool[Any, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections import Counter
@@ -13,7 +14,7 @@ from statekeep.config import Settings
 from statekeep.errors import InvalidInputError
 from statekeep.models import ModelResponse, ScriptedModel
 from statekeep.runtime import Agent, AgentState, Runtime
-from statekeep.workflow import RunStatus
+from statekeep.workflow import Run, RunStatus
 from tests.runtime import agent_app
 from tests.runtime.conftest import ROOT, effects, subprocess_env
 
@@ -153,6 +154,35 @@ def test_async_model_works(settings: Settings) -> None:
         rt.close()
     assert run.status is RunStatus.COMPLETED
     assert run.output.endswith("messages")
+
+
+def test_async_model_works_inside_a_running_loop_on_one_loop_of_its_own(settings: Settings) -> None:
+    """As in a notebook: called while a loop runs, every model call is awaited on one other loop."""
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    class Async:
+        name = "async-echo"
+
+        async def acomplete(self, messages: Any, tools: Any = ()) -> ModelResponse:
+            loops.append(asyncio.get_running_loop())
+            await asyncio.sleep(0)
+            return ModelResponse(content=f"{len(messages)} messages")
+
+    async def cell() -> tuple[list[Run], asyncio.AbstractEventLoop]:
+        rt = Runtime.open(settings, model=Async(), embedder=agent_app.FakeEmbedder())
+        try:
+            agent = Agent("a", system="s", tools=[])
+            runs = [rt.run(agent, f"nb-{i}", owner="o", task="hi") for i in range(3)]
+        finally:
+            rt.close()
+        return runs, asyncio.get_running_loop()
+
+    runs, notebook_loop = asyncio.run(cell())
+    assert [r.status for r in runs] == [RunStatus.COMPLETED] * 3
+    assert len(loops) == 3
+    assert len({id(loop) for loop in loops}) == 1
+    assert loops[0] is not notebook_loop
+    assert loops[0].is_closed()  # closed with the runtime
 
 
 def test_turns_must_be_positive(runtime: Runtime) -> None:
