@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import statekeep
 from statekeep import errors
 
@@ -63,3 +65,20 @@ def test_all_lists_every_public_name_of_the_package() -> None:
         n for n, v in vars(statekeep).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)
     }
     assert public == set(statekeep.__all__)
+
+
+def test_every_docstring_example_in_the_package_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each ``>>>`` example gives the output it shows (the CLI entry point and the demo excepted)."""
+    import doctest
+    import importlib
+    import pkgutil
+
+    monkeypatch.chdir(tmp_path)  # examples that open a store in a relative folder write here
+    failed, attempted = 0, 0
+    for info in pkgutil.walk_packages(statekeep.__path__, "statekeep."):
+        if info.name == "statekeep.__main__" or info.name.startswith("statekeep.demo"):
+            continue
+        result = doctest.testmod(importlib.import_module(info.name), optionflags=doctest.ELLIPSIS)
+        failed, attempted = failed + result.failed, attempted + result.attempted
+    assert failed == 0
+    assert attempted >= 80

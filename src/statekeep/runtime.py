@@ -13,7 +13,8 @@ resumes after the last completed step, on any worker.
 Examples:
     >>> from statekeep.models import ModelResponse, ScriptedModel
     >>> agent = Agent("greeter", system="You greet people.", tools=[])
-    >>> rt = Runtime.open(Settings.load(home="/tmp/rt-doc"), model=ScriptedModel([ModelResponse("Hi!")]))
+    >>> import tempfile
+    >>> rt = Runtime.open(Settings.load(home=tempfile.mkdtemp()), model=ScriptedModel([ModelResponse("Hi!")]))
     >>> rt.run(agent, "greet-1", owner="ada", task="say hi").output
     'Hi!'
     >>> rt.close()
@@ -439,18 +440,9 @@ class Runtime:
     def _memories(self, state: AgentState, agent: Agent) -> list[MemoryItem]:
         if agent.memory_k == 0:
             return []
-        hits = self.memory.search(state.owner, state.task, k=agent.memory_k)
-        return [
-            MemoryItem(
-                h.memory.content,
-                h.memory.provenance.source,
-                h.memory.provenance.session_id,
-                h.memory.provenance.run_id,
-                h.memory.provenance.event_id,
-                h.memory.id,
-            )
-            for h in hits
-        ]
+        from statekeep.memory.prompt import as_context_item
+
+        return [as_context_item(h) for h in self.memory.search(state.owner, state.task, k=agent.memory_k)]
 
     def _complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec]) -> ModelResponse:
         if isinstance(self.model, AsyncModel):

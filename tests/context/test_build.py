@@ -87,6 +87,8 @@ def test_memories_are_a_delimited_data_block_with_provenance(store: ContextStore
     assert '<memory source="user_supplied" session="s0" run="r0" event="17" id="m1">' in block
     assert "&lt;/memory&gt;&lt;/memories&gt;" in block
     assert '<memory source="agent_inferred" run="r9">' in block
+    ranked = store.build("s", 2000, memories=[{"content": "x", "kind": "episodic", "trust": 0.8}])
+    assert '<memory kind="episodic" source="agent_inferred" trust="0.80">' in ranked.messages[0].content
 
 
 def test_memories_that_do_not_fit_are_dropped_from_the_end(make_store: StoreFactory) -> None:
@@ -125,6 +127,8 @@ def test_system_and_pinned_state_larger_than_the_budget_is_an_error(store: Conte
         ({"memories": "not a list"}, "memories"),
         ({"memories": [{"content": ""}]}, "memories.content"),
         ({"memories": [{"content": "x", "source": "rumour"}]}, "memories.source"),
+        ({"memories": [{"content": "x", "trust": 1.5}]}, "memories.trust"),
+        ({"memories": [{"content": "x", "kind": ""}]}, "memories.kind"),
     ],
 )
 def test_bad_build_arguments_name_the_field(store: ContextStore, kwargs: dict[str, Any], field: str) -> None:

@@ -15,17 +15,3 @@ def test_every_example_in_the_context_guide_runs() -> None:
     namespace: dict[str, object] = {}
     for block in blocks:
         exec(compile(block, str(DOC), "exec"), namespace)
-
-
-def test_docstring_examples_of_the_context_package_run() -> None:
-    """Every example in the context package's docstrings gives the output it shows."""
-    import doctest
-    import importlib
-    import pkgutil
-
-    import statekeep.context as package
-
-    failed = 0
-    for info in pkgutil.iter_modules(package.__path__, f"{package.__name__}."):
-        failed += doctest.testmod(importlib.import_module(info.name), optionflags=doctest.ELLIPSIS).failed
-    assert failed == 0

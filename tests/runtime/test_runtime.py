@@ -128,6 +128,7 @@ def test_retrieved_memories_reach_the_model_as_a_data_block(settings: Settings) 
     prompt = "\n".join(str(m.get("content")) for m in seen[0])
     assert "Ada plans a trip to Rome in May" in prompt
     assert "user_supplied" in prompt
+    assert 'trust="0.80"' in prompt  # the block the memory store renders is the block the model sees
     assert "Bob hates trips" not in prompt
     assert "<memories" in prompt
 

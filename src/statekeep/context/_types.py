@@ -219,7 +219,8 @@ class MemoryItem:
 
     The context store never reads the memory store itself; the runtime
     retrieves memories and passes them in. A mapping or any object with these
-    attribute names is accepted too.
+    attribute names is accepted too. ``kind`` (semantic, episodic...) and
+    ``trust`` (0 to 1) are shown to the model when given.
     """
 
     content: str
@@ -228,6 +229,8 @@ class MemoryItem:
     run_id: str | None = None
     event_id: str | int | None = None
     memory_id: str | None = None
+    kind: str | None = None
+    trust: float | None = None
 
 
 SECTIONS = ("system", "pinned", "memories", "summary", "window")

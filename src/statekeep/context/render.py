@@ -30,7 +30,9 @@ def render_pinned(pinned: str | Mapping[str, Any]) -> str:
 def render_memory(item: MemoryItem) -> str:
     """One memory with its provenance, escaped."""
     attrs = {
+        "kind": item.kind,
         "source": item.source,
+        "trust": None if item.trust is None else f"{item.trust:.2f}",
         "session": item.session_id,
         "run": item.run_id,
         "event": item.event_id,

@@ -129,7 +129,14 @@ def to_memory(item: object) -> MemoryItem:
     for key, value in ids.items():
         if value is not None and not isinstance(value, str | int):
             raise InvalidInputError("must be a string, an int or None", field=f"memories.{key}")
-    return MemoryItem(content, cast(MemorySource, source), **ids)
+    kind, trust = data.get("kind"), data.get("trust")
+    if kind is not None and (not isinstance(kind, str) or not kind):
+        raise InvalidInputError("must be a non-empty string or None", field="memories.kind")
+    if trust is not None and (
+        isinstance(trust, bool) or not isinstance(trust, int | float) or not 0 <= trust <= 1
+    ):
+        raise InvalidInputError("must be a number from 0 to 1, or None", field="memories.trust")
+    return MemoryItem(content, cast(MemorySource, source), **ids, kind=kind, trust=trust)
 
 
 def check_pinned(pinned: object) -> str | Mapping[str, Any] | None:

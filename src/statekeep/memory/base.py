@@ -114,8 +114,12 @@ class MemoryStore(ABC):
         linked to it with ``duplicate_of``, and search returns only the original.
 
         Examples:
-            >>> store.remember("alice", "Alice's dog is called Rex", kind="episodic",
-            ...                provenance=Provenance("user_supplied", session_id="s1", run_id="r1"))
+            >>> from statekeep.memory import FakeEmbedder, InMemoryMemoryStore
+            >>> store = InMemoryMemoryStore(FakeEmbedder())
+            >>> rex = store.remember("alice", "Alice's dog is called Rex", kind="episodic",
+            ...                      provenance=Provenance("user_supplied", session_id="s1", run_id="r1"))
+            >>> rex.owner, rex.kind, rex.trust, rex.provenance.run_id
+            ('alice', 'episodic', 0.8, 'r1')
 
         Raises:
             InvalidInputError: an argument is invalid; nothing was written.
@@ -259,7 +263,13 @@ class MemoryStore(ABC):
         to reuse a query embedding already computed with this store's embedder.
 
         Examples:
-            >>> store.search("alice", "what does Alice drink?", k=3, kinds="semantic", min_trust=0.5)
+            >>> from statekeep.memory import FakeEmbedder, InMemoryMemoryStore
+            >>> store = InMemoryMemoryStore(FakeEmbedder())
+            >>> _ = store.remember("alice", "Alice drinks green tea", provenance=Provenance("user_supplied"))
+            >>> _ = store.remember("alice", "Alice may like coffee")  # agent_inferred: trust 0.4
+            >>> hits = store.search("alice", "what does Alice drink?", k=3, kinds="semantic", min_trust=0.5)
+            >>> [h.memory.content for h in hits]
+            ['Alice drinks green tea']
 
         Raises:
             InvalidInputError: an argument is invalid.
@@ -321,8 +331,12 @@ class MemoryStore(ABC):
         """Erase every memory of ``owner`` from every file of the store and return a receipt.
 
         Examples:
+            >>> from statekeep.memory import FakeEmbedder, InMemoryMemoryStore
+            >>> store = InMemoryMemoryStore(FakeEmbedder())
+            >>> _ = store.remember_many("alice", ["Alice drinks tea", "Alice has a dog"])
             >>> receipt = store.forget("alice")
-            >>> receipt.removed, receipt.locations
+            >>> receipt.removed, store.list_memories("alice")
+            (2, [])
 
         Raises:
             ErasureError: rows were deleted but a file could not be rewritten; call again.

@@ -53,8 +53,8 @@ class PgVectorMemoryStore(base.MemoryStore):
     """Memories in PostgreSQL with pgvector; the production backend for many workers.
 
     Examples:
-        >>> store = PgVectorMemoryStore("postgresql://app@db/agent")
-        >>> store.remember("alice", "Alice prefers tea")
+        >>> store = PgVectorMemoryStore("postgresql://app@db/agent")  # doctest: +SKIP
+        >>> store.remember("alice", "Alice prefers tea")  # doctest: +SKIP
 
     Args:
         db: a URL or a :class:`~statekeep.db.Database` (it may be shared with the other stores).
