@@ -190,3 +190,22 @@ def test_an_approval_across_three_processes(database_url: str, files: tuple[Path
     assert check.store.approvals(status=None)[0].decided_by == "carol@example.com"
     assert lines(effects) == ["r/2/0 o-7 120"]
     check.store.db.dispose()
+
+
+def test_a_cancelled_run_withdraws_its_pending_approval(
+    make_engine: EngineFactory, files: tuple[Path, Path]
+) -> None:
+    """Nobody is asked about a run that ended: the approval leaves the queue; a late decision is refused."""
+    effects, amount = files
+    engine = make_engine(refund_registry(effects, amount))
+    engine.run(engine.registry.get("refund", 1), "r", "o-1")
+    engine.run(engine.registry.get("refund", 1), "other", "o-2")
+    (ask, keep) = engine.store.approvals()
+    engine.store.cancel("r")
+    assert [a.run_id for a in engine.store.approvals()] == ["other"]
+    assert engine.store.approval(ask.approval_id).status == "withdrawn"
+    with pytest.raises(ApprovalDecidedError):
+        engine.store.decide(ask.approval_id, approve=True, by="alice")
+    assert engine.store.get("r").status is RunStatus.CANCELLED
+    assert engine.store.approval(keep.approval_id).status == "pending"
+    assert lines(effects) == []

@@ -14,6 +14,7 @@ import pytest
 from statekeep.db import Database
 from statekeep.errors import InvalidInputError, RunFinishedError, RunNotFoundError
 from statekeep.workflow import Engine, Registry, RunContext, RunStatus, Worker
+from statekeep.working import SQLWorkingStateStore, WorkingState
 
 from .conftest import EngineFactory, append, fork, lines, wait
 
@@ -149,3 +150,38 @@ def test_retention_deletes_old_finished_runs_and_never_live_ones(
     assert engine.store.get("sleeping").status is RunStatus.SLEEPING
     with pytest.raises(InvalidInputError):
         engine.store.purge()
+
+
+class Tally(WorkingState):
+    state_schema = "tally"
+    state_version = 1
+    n: int = 0
+
+
+@pytest.mark.parametrize("where", ["shared", "apart"])
+def test_engine_purge_deletes_the_working_state_of_purged_runs_too(
+    database_url: str, tmp_path: Path, where: str
+) -> None:
+    """Retention through the engine leaves no state version of a purged run, whichever database holds it."""
+    registry = waits_registry(tmp_path / "effects")
+
+    @registry.workflow("count", version=1)
+    def count(ctx: RunContext, n: int) -> int:
+        ctx.set_state(Tally(n=n))
+        return ctx.step("done", lambda: n)
+
+    db = Database(database_url)
+    states = SQLWorkingStateStore(db if where == "shared" else f"sqlite:///{tmp_path / 'states.db'}")
+    engine = Engine(db, registry, state_store=states)
+    try:
+        for i in range(3):
+            engine.run(count, f"run-{i}", i)
+        engine.run(registry.get("nap", 1), "sleeping", 3600)
+        assert engine.purge(keep_last=1) == 2
+        assert {r.run_id for r in engine.store.list_runs()} == {"run-2", "sleeping"}
+        assert states.versions("run-0") == states.versions("run-1") == []
+        assert states.load("run-2", Tally).n == 2
+        assert engine.purge(keep_last=1) == 0
+    finally:
+        db.dispose()
+        states.db.dispose()

@@ -240,3 +240,17 @@ def test_state_survives_a_new_store_instance(make_store: StoreFactory) -> None:
     loaded = make_store().load("run", Plan)
     assert loaded.seen == {uid}
     assert loaded.due == datetime(2030, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
+
+
+def test_delete_removes_every_version_of_the_named_runs_only(store: WorkingStateStore) -> None:
+    """delete(*run_ids) is what retention of finished runs calls; other runs keep their versions."""
+    for run_id in ("a", "b", "c"):
+        store.save(run_id, Plan(steps=[run_id]))
+        store.save(run_id, Plan(steps=[run_id, "again"]))
+    assert store.delete("a", "b", "a", "never-saved") == 4
+    assert store.versions("a") == store.versions("b") == []
+    assert store.latest_version("c") == 2
+    assert store.delete() == 0
+    with pytest.raises(InvalidInputError):
+        store.delete("c", "")
+    assert store.latest_version("c") == 2

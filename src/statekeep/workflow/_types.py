@@ -100,6 +100,8 @@ class Approval:
 
     ``kind`` is ``gate`` (approve = run it) or ``ambiguous`` (approve = it did not
     happen, run it now; reject = it happened, ``result`` is its output).
+    ``status`` is ``pending``, ``approved``, ``rejected``, ``expired``, or
+    ``withdrawn`` (the run ended, by cancellation or otherwise, before a decision).
     """
 
     approval_id: str

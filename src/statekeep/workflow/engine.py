@@ -8,6 +8,7 @@ import os
 import socket
 import threading
 import uuid
+from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
 import pydantic
@@ -82,6 +83,24 @@ class Engine:
         )
 
     # --- entry points ---------------------------------------------------------------------
+
+    def purge(
+        self,
+        *,
+        older_than: timedelta | None = None,
+        keep_last: int | None = None,
+        workflow: str | None = None,
+    ) -> int:
+        """Retention: delete finished runs (see :meth:`WorkflowStore.purge`) and their working state.
+
+        The working state goes first: should the process die in between, the
+        runs are still there, so purging again finds them and finishes the job.
+        Returns the number of runs deleted.
+        """
+        ids = self.store.purgeable(older_than=older_than, keep_last=keep_last, workflow=workflow)
+        if self.state_store is not None and ids:
+            self.state_store.delete(*ids)
+        return self.store.delete_runs(ids)
 
     def start(self, workflow: Workflow[P, R], run_id: str, /, *args: P.args, **kwargs: P.kwargs) -> Run:
         """Record a run as pending, for a worker to execute; return it (existing or new).

@@ -135,19 +135,48 @@ class GateStore:
         """Retention: delete finished runs older than an age, or beyond the last N per workflow.
 
         Live runs (anything not completed, failed or cancelled) are never touched.
-        Returns the number of runs deleted.
+        Returns the number of runs deleted. This deletes the workflow store's rows
+        only; :meth:`Engine.purge <statekeep.workflow.Engine.purge>` also deletes
+        the runs' working state.
         """
+        return self.delete_runs(self.purgeable(older_than=older_than, keep_last=keep_last, workflow=workflow))
+
+    def purgeable(
+        self,
+        *,
+        older_than: timedelta | None = None,
+        keep_last: int | None = None,
+        workflow: str | None = None,
+    ) -> list[str]:
+        """The ids :meth:`purge` would delete, without deleting anything."""
         if older_than is None and keep_last is None:
             raise InvalidInputError("give older_than, keep_last, or both", field="older_than")
-        if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 0):
+        if older_than is not None and (not isinstance(older_than, timedelta) or older_than < timedelta(0)):
+            raise InvalidInputError("must be a timedelta >= 0", field="older_than")
+        if keep_last is not None and (
+            isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0
+        ):
             raise InvalidInputError("must be an int >= 0", field="keep_last")
+        with self.db.read() as conn:
+            return _purgeable(conn, older_than, keep_last, workflow)
+
+    def delete_runs(self, run_ids: list[str]) -> int:
+        """Delete these finished runs with their journal, ledger, approvals and events; live ones are kept.
+
+        Returns the number of runs deleted.
+        """
+        finished = [s.value for s in FINISHED]
+        deleted = 0
         with self.db.begin() as conn:
-            ids = _purgeable(conn, older_than, keep_last, workflow)
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
+            for start in range(0, len(run_ids), 500):
+                q = sa.select(runs.c.run_id).where(
+                    runs.c.run_id.in_(run_ids[start : start + 500]), runs.c.status.in_(finished)
+                )
+                chunk = list(conn.execute(q).scalars())
                 for table in (steps, tool_calls, approvals, events, runs):
                     conn.execute(table.delete().where(table.c.run_id.in_(chunk)))
-        return len(ids)
+                deleted += len(chunk)
+        return deleted
 
 
 def _purgeable(

@@ -26,7 +26,7 @@ from statekeep.errors import (
 )
 from statekeep.workflow import codec
 from statekeep.workflow._types import FINISHED, Checkpoint, Run, RunStatus, StepRecord, ToolCall
-from statekeep.workflow.tables import runs, setup, steps, tool_calls
+from statekeep.workflow.tables import approvals, runs, setup, steps, tool_calls
 from statekeep.working.base import check_run_id
 
 LIVE = [s.value for s in RunStatus if s not in FINISHED]
@@ -130,6 +130,7 @@ class RunStore:
                 .where(runs.c.run_id == run_id)
                 .values({**_finish_values(RunStatus.CANCELLED, None, "cancelled"), "epoch": runs.c.epoch + 1})
             )
+            withdraw_approvals(conn, run_id)
             return self._get(conn, run_id)
 
     # --- leases ---------------------------------------------------------------------------
@@ -305,8 +306,18 @@ def finish(conn: Connection, run: Run, status: RunStatus, output: str | None, er
     conn.execute(
         runs.update().where(runs.c.run_id == run.run_id).values(_finish_values(status, output, error))
     )
+    withdraw_approvals(conn, run.run_id)
     if run.parent_id is not None:
         wake(conn, run.parent_id, [RunStatus.WAITING_FOR_CHILD])
+
+
+def withdraw_approvals(conn: Connection, run_id: str) -> None:
+    """A run that ended asks nobody anything: its pending approvals become ``withdrawn``.
+
+    They leave the queue people work from, and a late decision is refused.
+    """
+    q = approvals.update().where(approvals.c.run_id == run_id, approvals.c.status == "pending")
+    conn.execute(q.values(status="withdrawn", decided_at=now()))
 
 
 def wake(conn: Connection, run_id: str, waiting: Iterable[RunStatus]) -> bool:

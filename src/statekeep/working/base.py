@@ -101,6 +101,10 @@ class WorkingStateStore(ABC):
             raise InvalidInputError("must be an int >= 1", field="keep")
         return self._prune(run_id, keep)
 
+    def delete(self, *run_ids: str) -> int:
+        """Delete every version of these runs (the workflow engine's purge calls this); return the count."""
+        return self._delete(list(dict.fromkeys(check_run_id(r) for r in run_ids))) if run_ids else 0
+
     @abstractmethod
     def _append(self, record: StateVersion, expected: int | None) -> StateVersion:
         """Store ``record`` as latest + 1, if ``expected`` is None or the latest."""
@@ -116,3 +120,7 @@ class WorkingStateStore(ABC):
     @abstractmethod
     def _prune(self, run_id: str, keep: int) -> int:
         """Delete all but the newest ``keep`` versions."""
+
+    @abstractmethod
+    def _delete(self, run_ids: list[str]) -> int:
+        """Delete every version of ``run_ids`` (distinct, checked)."""

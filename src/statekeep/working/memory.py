@@ -44,3 +44,7 @@ class InMemoryWorkingStateStore(base.WorkingStateStore):
             dropped = max(0, len(versions) - keep)
             self._runs[run_id] = versions[dropped:]
             return dropped
+
+    def _delete(self, run_ids: list[str]) -> int:
+        with self._lock:
+            return sum(len(self._runs.pop(r, [])) for r in run_ids)

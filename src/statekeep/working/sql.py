@@ -139,3 +139,11 @@ class SQLWorkingStateStore(WorkingStateStore):
             cutoff = latest_version(conn, run_id) - keep
             q = versions.delete().where(versions.c.run_id == run_id, versions.c.version <= cutoff)
             return int(conn.execute(q).rowcount)
+
+    def _delete(self, run_ids: list[str]) -> int:
+        deleted = 0
+        with self.db.begin() as conn:
+            for start in range(0, len(run_ids), 500):
+                chunk = run_ids[start : start + 500]
+                deleted += int(conn.execute(versions.delete().where(versions.c.run_id.in_(chunk))).rowcount)
+        return deleted
