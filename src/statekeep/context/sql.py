@@ -26,7 +26,6 @@ from statekeep.context.summarize import Summarizer
 from statekeep.context.tokens import TokenCounter
 from statekeep.db import Database, Migration, upgrade
 from statekeep.db.dialects import Dialect
-from statekeep.db.engine import storage_error
 from statekeep.db.migrations import create_tables
 from statekeep.db.types import UTCDateTime
 from statekeep.errors import StorageError
@@ -272,22 +271,17 @@ class SQLContextStore(ContextStore):
 
     @contextmanager
     def _view(self) -> Iterator[LogView]:
-        try:
-            with self.db.read() as conn:
-                yield _SQLView(conn)
-        except sa.exc.OperationalError as exc:
-            raise storage_error(exc, "reading the context log") from exc
+        with self.db.read("reading the context log") as conn:
+            yield _SQLView(conn)
 
     def _append(self, session_id: str, drafts: Sequence[Draft], expect_summary: int | None) -> list[Event]:
         try:
-            with self.db.begin() as conn:
+            with self.db.begin(f"appending to session {session_id!r}") as conn:
                 return append_events(conn, self.db.dialect, session_id, drafts, expect_summary)
         except _GuardFailed:
             return []
         except _KeyExists as existing:
             return [existing.event]
-        except sa.exc.DBAPIError as exc:
-            raise storage_error(exc, f"appending to session {session_id!r}") from exc
 
     def _delete_covered(self, session_id: str, upto: int) -> int:
         mark = sessions.update().where(sessions.c.session_id == session_id, sessions.c.pruned_to < upto)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +39,28 @@ def normalize_url(url: str | URL, *, setting: str = "STATEKEEP_DATABASE_URL") ->
     return parsed.set(drivername=_DRIVERS[backend])
 
 
+#: Seconds a pooled connection may sit idle and still be handed out without a ping (as HikariCP's
+#: alive-bypass window). A busy process reuses its connections without the extra round trip; one
+#: idle longer is pinged at checkout, and replaced if the server dropped it (a restart, a timeout).
+PING_AFTER_IDLE = 0.5
+
+
+def _ping_idle_connections(engine: Engine, ping_after: float) -> None:
+    @sa.event.listens_for(engine, "checkin")
+    def _checkin(_dbapi_conn: Any, record: Any) -> None:
+        record.info["statekeep_idle_since"] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def _checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("statekeep_idle_since")
+        if since is None or time.monotonic() - since <= ping_after:
+            return  # new, or used a moment ago
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception as exc:  # the pool replaces the connection and checks out again
+            raise sa.exc.DisconnectionError(f"a pooled connection was dead: {exc}") from exc
+
+
 class Database:
     """One SQL database: an engine, its dialect hooks, and transactions.
 
@@ -50,16 +73,25 @@ class Database:
         ...     _ = conn.execute(sa.text("SELECT 1"))
     """
 
-    def __init__(self, url: str | URL, *, setting: str = "STATEKEEP_DATABASE_URL", **engine_kw: Any):
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        setting: str = "STATEKEEP_DATABASE_URL",
+        ping_after: float = PING_AFTER_IDLE,
+        **engine_kw: Any,
+    ):
         self.url = normalize_url(url, setting=setting)
         self.setting = setting
         self.dialect: Dialect = DIALECTS[self.url.get_backend_name()]()
         _ensure_sqlite_folder(self.url, setting)
-        kw: dict[str, Any] = {"pool_pre_ping": True}
+        kw: dict[str, Any] = {}
         if self.dialect.name == "postgresql":
             kw.update(pool_size=5, max_overflow=10)
         kw.update(engine_kw)
         self.engine: Engine = sa.create_engine(self.url, **kw)
+        if not kw.get("pool_pre_ping"):
+            _ping_idle_connections(self.engine, ping_after)
         self.dialect.configure(self.engine)
         #: schema translation for stores: ``{"statekeep_working": None}`` on SQLite.
         self._schema_map: dict[str | None, str | None] = {}
@@ -79,20 +111,35 @@ class Database:
         return opts
 
     @contextmanager
-    def begin(self) -> Iterator[Connection]:
-        """A write transaction: commits on success, rolls back on any exception."""
-        with self.engine.connect() as conn:
-            conn = conn.execution_options(**self._options(write=True))
-            with conn.begin():
-                yield conn
+    def begin(self, what: str | None = None) -> Iterator[Connection]:
+        """A write transaction: commits on success, rolls back on any exception.
+
+        Raises:
+            StorageError: the database failed (unreachable, a dropped connection, a full
+                disk...); the message says ``what`` was being done.
+        """
+        try:
+            with self.engine.connect() as conn:
+                conn = conn.execution_options(**self._options(write=True))
+                with conn.begin():
+                    yield conn
+        except sa.exc.DBAPIError as exc:
+            raise storage_error(exc, what or f"writing to {self!r}") from exc
 
     @contextmanager
-    def read(self) -> Iterator[Connection]:
-        """A read transaction (a consistent snapshot on both backends)."""
-        with self.engine.connect() as conn:
-            conn = conn.execution_options(**self._options(write=False))
-            with conn.begin():
-                yield conn
+    def read(self, what: str | None = None) -> Iterator[Connection]:
+        """A read transaction (a consistent snapshot on both backends).
+
+        Raises:
+            StorageError: the database failed; the message says ``what`` was being done.
+        """
+        try:
+            with self.engine.connect() as conn:
+                conn = conn.execution_options(**self._options(write=False))
+                with conn.begin():
+                    yield conn
+        except sa.exc.DBAPIError as exc:
+            raise storage_error(exc, what or f"reading from {self!r}") from exc
 
     def check(self) -> None:
         """Connect once, so that a bad URL or a dead server fails at start-up.
@@ -126,7 +173,9 @@ def _ensure_sqlite_folder(url: URL, setting: str) -> None:
         raise ConfigError(setting, str(url), f"cannot create folder {folder}: {exc.strerror}") from exc
 
 
-def storage_error(exc: sa.exc.SQLAlchemyError, what: str) -> StorageError:
-    """Wrap a driver error in the statekeep tree, keeping its first line."""
-    reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+def storage_error(exc: Exception, what: str) -> StorageError:
+    """Wrap a driver error (or a StorageError raised for one) in the statekeep tree; keep its first line."""
+    if isinstance(exc, StorageError) and isinstance(exc.__cause__, sa.exc.SQLAlchemyError):
+        exc = exc.__cause__
+    reason = (str(getattr(exc, "orig", exc)).strip().splitlines() or [type(exc).__name__])[0]
     return StorageError(f"{what}: {reason}")

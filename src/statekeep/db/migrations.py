@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from statekeep.db.engine import Database, storage_error
 from statekeep.db.types import UTCDateTime
-from statekeep.errors import SchemaVersionError
+from statekeep.errors import SchemaVersionError, StorageError
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def upgrade(db: Database, store: str, schema: str, migrations: Sequence[Migratio
     db.register_schema(schema)
     try:
         _apply_pending(db, store, _version_table(store, schema), schema, migrations)
-    except sa.exc.OperationalError as exc:
+    except (sa.exc.OperationalError, StorageError) as exc:
         raise storage_error(exc, f"upgrading the {store} store in {db!r}") from exc
     return len(migrations)
 

@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 from statekeep.db import Database, upgrade
 from statekeep.db.engine import storage_error
 from statekeep.db.migrations import current_version
-from statekeep.errors import ConfigError, ErasureError
+from statekeep.errors import ConfigError, ErasureError, StorageError
 from statekeep.memory import _pgsql as q
 from statekeep.memory import base
 from statekeep.memory._rows import from_row, to_row, to_us
@@ -87,7 +87,7 @@ class PgVectorMemoryStore(base.MemoryStore):
             # a worker role may lack CREATE: it only needs the schema to be current already
             if current_version(self.db, "memory", q.SCHEMA) != len(q.MIGRATIONS):
                 upgrade(self.db, "memory", q.SCHEMA, q.MIGRATIONS)
-        except sa.exc.SQLAlchemyError as exc:
+        except (sa.exc.SQLAlchemyError, StorageError) as exc:
             raise storage_error(
                 exc, "setting up the memory tables (is the vector extension installed?)"
             ) from exc
@@ -108,7 +108,8 @@ class PgVectorMemoryStore(base.MemoryStore):
     @contextmanager
     def _scoped(self, owner: str, *, write: bool = True) -> Iterator[Connection]:
         """A transaction in which row-level security lets only ``owner``'s rows through."""
-        with self.db.begin() if write else self.db.read() as conn:
+        what = f"{'writing' if write else 'reading'} memories of {owner!r}"
+        with self.db.begin(what) if write else self.db.read(what) as conn:
             conn.execute(sa.text(f"SELECT set_config('{q.OWNER_SETTING}', :o, true)"), {"o": owner})
             yield conn
 
@@ -136,13 +137,10 @@ class PgVectorMemoryStore(base.MemoryStore):
         self._ensure_index(self.embedder.name, vectors.shape[1])
         owner = memories[0].owner
         rows = [{**to_row(m), "embedding": _vec(v)} for m, v in zip(memories, vectors, strict=True)]
-        try:
-            with self._scoped(owner) as conn:
-                conn.execute(q.INSERT, rows)
-                if supersedes is not None:  # in the same transaction: never both current, never neither
-                    _mark(conn, owner, supersedes, memories[0].id)
-        except sa.exc.SQLAlchemyError as exc:
-            raise storage_error(exc, f"writing memories of {owner!r}") from exc
+        with self._scoped(owner) as conn:
+            conn.execute(q.INSERT, rows)
+            if supersedes is not None:  # in the same transaction: never both current, never neither
+                _mark(conn, owner, supersedes, memories[0].id)
 
     def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> None:
         self._insert([new], vectors, supersedes=old_id)

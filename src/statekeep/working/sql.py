@@ -12,7 +12,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from statekeep.db import Database, Migration, upgrade
-from statekeep.db.engine import storage_error
 from statekeep.db.migrations import create_tables
 from statekeep.db.types import UTCDateTime
 from statekeep.errors import VersionConflictError
@@ -112,11 +111,8 @@ class SQLWorkingStateStore(WorkingStateStore):
         setup(self.db)
 
     def _append(self, record: StateVersion, expected: int | None) -> StateVersion:
-        try:
-            with self.db.begin() as conn:
-                return append(conn, record, expected)
-        except sa.exc.OperationalError as exc:
-            raise storage_error(exc, f"saving state of run {record.run_id!r}") from exc
+        with self.db.begin(f"saving state of run {record.run_id!r}") as conn:
+            return append(conn, record, expected)
 
     def _get(self, run_id: str, version: int | None) -> StateVersion | None:
         q = sa.select(versions).where(versions.c.run_id == run_id)

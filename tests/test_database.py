@@ -1,0 +1,84 @@
+"""The shared SQL layer: pooled connections are pinged only after sitting idle, and dead ones replaced."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from statekeep.db import Database
+from statekeep.errors import StorageError
+from statekeep.working import SQLWorkingStateStore
+from tests.conftest import _admin
+
+
+def _count_pings(db: Database, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    pings: list[int] = []
+    real = db.engine.dialect.do_ping
+
+    def counted(dbapi_conn: Any) -> bool:
+        pings.append(1)
+        return bool(real(dbapi_conn))
+
+    monkeypatch.setattr(db.engine.dialect, "do_ping", counted)
+    return pings
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_busy_connection_is_not_pinged_an_idle_one_is(
+    request: pytest.FixtureRequest, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Back-to-back transactions skip the ping round trip; after the idle window, checkout pings."""
+    db = Database(request.getfixturevalue(f"{backend}_url"), ping_after=0.2)
+    pings = _count_pings(db, monkeypatch)
+    try:
+        for _ in range(5):
+            with db.read() as conn:
+                conn.execute(sa.text("SELECT 1"))
+        assert pings == []
+        time.sleep(0.3)
+        with db.read() as conn:
+            conn.execute(sa.text("SELECT 1"))
+        assert pings == [1]
+    finally:
+        db.dispose()
+
+
+def test_a_connection_the_server_dropped_is_replaced_before_use(
+    postgres_url: str, postgres_admin_url: str
+) -> None:
+    """After a server-side disconnect (a restart, an idle timeout), the next use gets a live connection."""
+    db = Database(postgres_url, ping_after=0.1)
+    store = SQLWorkingStateStore(db)
+    try:
+        with db.read() as conn:
+            pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        with _admin(postgres_admin_url) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        time.sleep(0.2)
+        assert store.latest_version("run") == 0  # pinged, found dead, replaced: no error
+        with db.read() as conn:
+            assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() != pid
+    finally:
+        db.dispose()
+
+
+def test_inside_the_window_a_dropped_connection_fails_once_then_heals(
+    postgres_url: str, postgres_admin_url: str
+) -> None:
+    """The trade of the idle window: a drop within it surfaces once as StorageError, then the pool heals."""
+    db = Database(postgres_url, ping_after=3600)
+    store = SQLWorkingStateStore(db)
+    try:
+        with db.read() as conn:
+            pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        with _admin(postgres_admin_url) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        time.sleep(0.1)
+        with pytest.raises(StorageError, match="reading from Database"):
+            store.latest_version("run")
+        assert store.latest_version("run") == 0
+    finally:
+        db.dispose()
