@@ -254,3 +254,35 @@ def test_a_corrupt_stored_payload_is_a_storage_error_not_a_shifted_window(sql_ur
         assert [m.content for m in store.build("s", 1000).messages] == ["one", "2", "three"]
     finally:
         store.db.dispose()
+
+
+def test_a_build_reuses_decoded_entries_only_while_the_row_is_unchanged(sql_url: str) -> None:
+    """Consecutive builds reuse what they decoded; a row rewritten under the same seq is read afresh."""
+    store = SQLContextStore(sql_url, counter=CharCounter(1))
+    try:
+        store.extend("s", [Message.user(f"message {i}") for i in range(20)])
+        first = store.build("s", 1000, compact=False)
+        again = store.build("s", 1000, compact=False)
+        assert again.messages == first.messages
+        assert all(a is b for a, b in zip(again.messages, first.messages, strict=True))  # not rebuilt
+        with store.db.begin() as conn:  # same seq, same length, new text and counter
+            new = '{"content":"massage 7","role":"user"}'
+            conn.execute(sa.update(events).where(events.c.seq == 8).values(payload=new, counter="other"))
+        rebuilt = store.build("s", 1000, compact=False)
+        assert [m.content for m in rebuilt.messages][7] == "massage 7"
+        assert rebuilt.messages[6] is first.messages[6]
+    finally:
+        store.db.dispose()
+
+
+def test_the_entry_cache_is_bounded() -> None:
+    """The decoded-entry cache empties itself at its size instead of growing with every session."""
+    from statekeep.context.sql import _EntryCache
+
+    cache = _EntryCache(size=10)
+    rows = [(seq, "user", f'{{"role":"user","content":"{seq}"}}', 3, "c") for seq in range(1, 8)]
+    assert [e.seq for e in cache.entries("a", rows)] == list(range(1, 8))
+    assert len(cache._rows) == 7
+    assert [e.message.content for e in cache.entries("b", rows)] == [str(s) for s in range(1, 8)]
+    assert len(cache._rows) == 7  # 7 + 7 > 10: emptied, then filled with b's
+    assert cache.entries("b", rows[:3])[0] is cache.entries("b", rows[:1])[0]

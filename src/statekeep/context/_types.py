@@ -173,13 +173,18 @@ class LogEntry:
     payload: Mapping[str, Any]
     tokens: int
     counter: str
+    _message: Message | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def message(self) -> Message:
-        """The message of a message event."""
-        if self.kind == SUMMARY:
-            raise InvalidInputError(f"event {self.seq} is a summary, not a message", field="kind")
-        return Message.from_json(self.payload)
+        """The message of a message event (built once: entries and messages are immutable)."""
+        message = self._message
+        if message is None:
+            if self.kind == SUMMARY:
+                raise InvalidInputError(f"event {self.seq} is a summary, not a message", field="kind")
+            message = Message.from_json(self.payload)
+            object.__setattr__(self, "_message", message)
+        return message
 
     @property
     def summary(self) -> Summary:

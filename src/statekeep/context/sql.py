@@ -185,10 +185,46 @@ def _events(session_id: str, rows: Sequence[Any]) -> list[Event]:
     ]
 
 
-def _entries(session_id: str, rows: Sequence[Any]) -> list[LogEntry]:
-    return [
-        LogEntry(session_id, r[0], r[1], p, r[3], r[4]) for r, p in zip(rows, _payloads(rows), strict=True)
-    ]
+class _EntryCache:
+    """Entries decoded by earlier builds, by (session, seq), checked against the row read now.
+
+    A run's turns are built one after another in the same worker, and each
+    build reads nearly the same tail as the last; decoding its payloads and
+    building its messages again was half the build. A row is reused only when
+    its kind, payload text, tokens and counter are the ones cached, so a
+    session rewritten under the same id is decoded afresh. Bounded: the
+    cache is emptied when it holds ``size`` entries.
+    """
+
+    def __init__(self, size: int = 16_384) -> None:
+        self.size = size
+        self._rows: dict[tuple[str, int], tuple[tuple[Any, ...], LogEntry]] = {}
+
+    def clear(self) -> None:
+        """Forget every cached entry."""
+        self._rows.clear()
+
+    def entries(self, session_id: str, rows: Sequence[Any]) -> list[LogEntry]:
+        """Rows of ``(seq, kind, payload, tokens, counter)`` as entries, decoding only what is new."""
+        cached = self._rows
+        out: list[LogEntry | None] = []
+        missed: list[int] = []
+        for i, r in enumerate(rows):
+            hit = cached.get((session_id, r[0]))
+            if hit is not None and hit[0] == (r[1], r[2], r[3], r[4]):
+                out.append(hit[1])
+            else:
+                out.append(None)
+                missed.append(i)
+        if missed:
+            if len(cached) + len(missed) > self.size:
+                cached.clear()
+            fresh = [rows[i] for i in missed]
+            for i, r, p in zip(missed, fresh, _payloads(fresh), strict=True):
+                entry = LogEntry(session_id, r[0], r[1], p, r[3], r[4])
+                cached[(session_id, r[0])] = ((r[1], r[2], r[3], r[4]), entry)
+                out[i] = entry
+        return out  # type: ignore[return-value]  # every None was filled
 
 
 def _statements() -> dict[str, sa.Select[Any]]:
@@ -216,8 +252,9 @@ _Q = _statements()
 class _SQLView:
     """Reads of the log, all inside one read transaction."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, cache: _EntryCache) -> None:
         self._conn = conn
+        self._cache = cache
 
     def head(self, session_id: str) -> Head | None:
         row = self._conn.execute(_Q["head"], {"sid": session_id}).first()
@@ -234,9 +271,9 @@ class _SQLView:
     def tail(self, session_id: str, *, after: int, before: int | None, limit: int) -> list[LogEntry]:
         params = {"sid": session_id, "after": after, "limit": limit}
         if before is None:
-            return _entries(session_id, self._conn.execute(_Q["tail"], params).all())
+            return self._cache.entries(session_id, self._conn.execute(_Q["tail"], params).all())
         rows = self._conn.execute(_Q["tail_before"], {**params, "before": before}).all()
-        return _entries(session_id, rows)
+        return self._cache.entries(session_id, rows)
 
     def range(self, session_id: str, first: int, last: int) -> list[Event]:
         rows = self._conn.execute(_Q["range"], {"sid": session_id, "first": first, "last": last}).all()
@@ -267,12 +304,13 @@ class SQLContextStore(ContextStore):
     ) -> None:
         super().__init__(counter=counter, summarizer=summarizer, high_water=high_water, low_water=low_water)
         self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_CONTEXT_URL")
+        self._entry_cache = _EntryCache()
         setup(self.db)
 
     @contextmanager
     def _view(self) -> Iterator[LogView]:
         with self.db.read("reading the context log") as conn:
-            yield _SQLView(conn)
+            yield _SQLView(conn, self._entry_cache)
 
     def _append(self, session_id: str, drafts: Sequence[Draft], expect_summary: int | None) -> list[Event]:
         try:
