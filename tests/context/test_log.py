@@ -286,3 +286,23 @@ def test_the_entry_cache_is_bounded() -> None:
     assert [e.message.content for e in cache.entries("b", rows)] == [str(s) for s in range(1, 8)]
     assert len(cache._rows) == 7  # 7 + 7 > 10: emptied, then filled with b's
     assert cache.entries("b", rows[:3])[0] is cache.entries("b", rows[:1])[0]
+
+
+def test_retention_also_drops_the_deleted_events_from_the_entry_cache(sql_url: str) -> None:
+    """Raw events deleted by prune_summarized do not live on in the store's memory."""
+    store = SQLContextStore(sql_url, counter=CharCounter(1))
+    try:
+        store.extend("s", [Message.user(f"message {i}") for i in range(10)])
+        store.extend("other", [Message.user("kept")])
+        store.build("s", 1000, compact=False)
+        store.build("other", 1000, compact=False)
+        store.compact("s", upto=6)
+        assert store.prune_summarized("s") == 6
+        cached = set(store._entry_cache._rows)
+        assert not any(sid == "s" and seq <= 6 for sid, seq in cached)
+        assert ("other", 1) in cached
+        assert [m.content for m in store.build("s", 1000).messages[1:]] == [
+            f"message {i}" for i in range(6, 10)
+        ]
+    finally:
+        store.db.dispose()

@@ -204,6 +204,11 @@ class _EntryCache:
         """Forget every cached entry."""
         self._rows.clear()
 
+    def forget(self, session_id: str, upto: int) -> None:
+        """Drop a session's entries with ``seq <= upto`` (deleted by retention: not kept in memory either)."""
+        for key in [k for k in self._rows if k[0] == session_id and k[1] <= upto]:
+            self._rows.pop(key, None)
+
     def entries(self, session_id: str, rows: Sequence[Any]) -> list[LogEntry]:
         """Rows of ``(seq, kind, payload, tokens, counter)`` as entries, decoding only what is new."""
         cached = self._rows
@@ -327,4 +332,6 @@ class SQLContextStore(ContextStore):
         drop = events.delete().where(events.c.session_id == session_id, events.c.seq <= upto, raw)
         with self.db.begin() as conn:
             conn.execute(mark.values(pruned_to=upto))
-            return int(conn.execute(drop).rowcount)
+            removed = int(conn.execute(drop).rowcount)
+        self._entry_cache.forget(session_id, upto)
+        return removed
