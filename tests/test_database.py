@@ -14,6 +14,15 @@ from statekeep.working import SQLWorkingStateStore
 from tests.conftest import _admin
 
 
+def _drop_the_pooled_connection(db: Database, admin_url: str) -> int:
+    """Terminate, from the server side, the backend of the connection ``db`` pools; return its pid."""
+    with db.read() as conn:
+        pid = int(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+    with _admin(admin_url) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    return pid
+
+
 def _count_pings(db: Database, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     pings: list[int] = []
     real = db.engine.dialect.do_ping
@@ -53,10 +62,7 @@ def test_a_connection_the_server_dropped_is_replaced_before_use(
     db = Database(postgres_url, ping_after=0.1)
     store = SQLWorkingStateStore(db)
     try:
-        with db.read() as conn:
-            pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
-        with _admin(postgres_admin_url) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        pid = _drop_the_pooled_connection(db, postgres_admin_url)
         time.sleep(0.2)
         assert store.latest_version("run") == 0  # pinged, found dead, replaced: no error
         with db.read() as conn:
@@ -72,10 +78,7 @@ def test_inside_the_window_a_dropped_connection_fails_once_then_heals(
     db = Database(postgres_url, ping_after=3600)
     store = SQLWorkingStateStore(db)
     try:
-        with db.read() as conn:
-            pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
-        with _admin(postgres_admin_url) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        _drop_the_pooled_connection(db, postgres_admin_url)
         time.sleep(0.1)
         with pytest.raises(StorageError, match="reading from Database"):
             store.latest_version("run")

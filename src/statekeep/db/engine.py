@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -110,36 +110,32 @@ class Database:
         opts.update(self.dialect.write_options() if write else self.dialect.read_options())
         return opts
 
-    @contextmanager
-    def begin(self, what: str | None = None) -> Iterator[Connection]:
+    def begin(self, what: str | None = None) -> AbstractContextManager[Connection]:
         """A write transaction: commits on success, rolls back on any exception.
 
         Raises:
             StorageError: the database failed (unreachable, a dropped connection, a full
                 disk...); the message says ``what`` was being done.
         """
-        try:
-            with self.engine.connect() as conn:
-                conn = conn.execution_options(**self._options(write=True))
-                with conn.begin():
-                    yield conn
-        except sa.exc.DBAPIError as exc:
-            raise storage_error(exc, what or f"writing to {self!r}") from exc
+        return self._transaction(True, what or f"writing to {self!r}")
 
-    @contextmanager
-    def read(self, what: str | None = None) -> Iterator[Connection]:
+    def read(self, what: str | None = None) -> AbstractContextManager[Connection]:
         """A read transaction (a consistent snapshot on both backends).
 
         Raises:
             StorageError: the database failed; the message says ``what`` was being done.
         """
+        return self._transaction(False, what or f"reading from {self!r}")
+
+    @contextmanager
+    def _transaction(self, write: bool, what: str) -> Iterator[Connection]:
         try:
             with self.engine.connect() as conn:
-                conn = conn.execution_options(**self._options(write=False))
+                conn = conn.execution_options(**self._options(write=write))
                 with conn.begin():
                     yield conn
         except sa.exc.DBAPIError as exc:
-            raise storage_error(exc, what or f"reading from {self!r}") from exc
+            raise storage_error(exc, what) from exc
 
     def check(self) -> None:
         """Connect once, so that a bad URL or a dead server fails at start-up.
