@@ -306,3 +306,35 @@ def test_retention_also_drops_the_deleted_events_from_the_entry_cache(sql_url: s
         ]
     finally:
         store.db.dispose()
+
+
+def test_the_entry_cache_survives_builds_and_retention_on_other_threads() -> None:
+    """forget() scans a copy: a build inserting entries on another thread never breaks it."""
+    from statekeep.context.sql import _EntryCache
+
+    cache = _EntryCache(size=1_000_000)
+    rows = [(seq, "user", f'{{"role":"user","content":"{seq}"}}', 3, "c") for seq in range(1, 201)]
+    for i in range(200):  # a big cache: each scan takes long enough to be interrupted
+        cache.entries(f"warm-{i}", rows)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def build() -> None:
+        i = 0
+        while not stop.is_set():
+            cache.entries(f"new-{i}", rows[:20])
+            i += 1
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    try:
+        for upto in range(0, 200, 10):
+            try:
+                cache.forget("warm-0", upto)
+            except RuntimeError as exc:  # "dictionary changed size during iteration"
+                errors.append(exc)
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == []
+    assert not any(sid == "warm-0" and seq < 190 for sid, seq in cache._rows)

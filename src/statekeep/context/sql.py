@@ -206,8 +206,10 @@ class _EntryCache:
 
     def forget(self, session_id: str, upto: int) -> None:
         """Drop a session's entries with ``seq <= upto`` (deleted by retention: not kept in memory either)."""
-        for key in [k for k in self._rows if k[0] == session_id and k[1] <= upto]:
-            self._rows.pop(key, None)
+        keys = list(self._rows)  # one C-level copy: other threads' builds may insert meanwhile
+        for key in keys:
+            if key[0] == session_id and key[1] <= upto:
+                self._rows.pop(key, None)
 
     def entries(self, session_id: str, rows: Sequence[Any]) -> list[LogEntry]:
         """Rows of ``(seq, kind, payload, tokens, counter)`` as entries, decoding only what is new."""
