@@ -288,6 +288,25 @@ def test_the_entry_cache_is_bounded() -> None:
     assert cache.entries("b", rows[:3])[0] is cache.entries("b", rows[:1])[0]
 
 
+def test_the_entry_cache_is_bounded_in_characters_too() -> None:
+    """Large tool results fill the cache by size, not by count; a read bigger than the bound is not kept."""
+    from statekeep.context.sql import _EntryCache
+
+    big = "x" * 1000
+    rows = [(seq, "user", f'{{"role":"user","content":"{big}{seq}"}}', 3, "c") for seq in range(1, 6)]
+    cache = _EntryCache(size=1000, chars=2500)
+    cache.entries("a", rows[:2])
+    assert len(cache._rows) == 2
+    cache.entries("b", rows[:2])  # 4 payloads > 2,500 characters: emptied first
+    assert {sid for sid, _ in cache._rows} == {"b"}
+    assert cache._chars <= 2500
+    assert [e.seq for e in cache.entries("c", rows)] == [1, 2, 3, 4, 5]  # decoded ...
+    assert {sid for sid, _ in cache._rows} == {"b"}  # ... but too big to keep
+    cache.forget("b", 1)
+    assert set(cache._rows) == {("b", 2)}
+    assert cache._chars == len(rows[1][2])
+
+
 def test_retention_also_drops_the_deleted_events_from_the_entry_cache(sql_url: str) -> None:
     """Raw events deleted by prune_summarized do not live on in the store's memory."""
     store = SQLContextStore(sql_url, counter=CharCounter(1))

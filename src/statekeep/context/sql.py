@@ -193,23 +193,28 @@ class _EntryCache:
     building its messages again was half the build. A row is reused only when
     its kind, payload text, tokens and counter are the ones cached, so a
     session rewritten under the same id is decoded afresh. Bounded: the
-    cache is emptied when it holds ``size`` entries.
+    cache is emptied before it would hold more than ``size`` entries or
+    ``chars`` characters of payload (tool results can be large); a read
+    bigger than that alone is decoded but not kept.
     """
 
-    def __init__(self, size: int = 16_384) -> None:
-        self.size = size
+    def __init__(self, size: int = 16_384, chars: int = 4_000_000) -> None:
+        self.size, self.chars = size, chars
         self._rows: dict[tuple[str, int], tuple[tuple[Any, ...], LogEntry]] = {}
+        self._chars = 0
 
     def clear(self) -> None:
         """Forget every cached entry."""
         self._rows.clear()
+        self._chars = 0
 
     def forget(self, session_id: str, upto: int) -> None:
         """Drop a session's entries with ``seq <= upto`` (deleted by retention: not kept in memory either)."""
         keys = list(self._rows)  # one C-level copy: other threads' builds may insert meanwhile
         for key in keys:
             if key[0] == session_id and key[1] <= upto:
-                self._rows.pop(key, None)
+                dropped = self._rows.pop(key, None)
+                self._chars -= len(dropped[0][1]) if dropped else 0
 
     def entries(self, session_id: str, rows: Sequence[Any]) -> list[LogEntry]:
         """Rows of ``(seq, kind, payload, tokens, counter)`` as entries, decoding only what is new."""
@@ -224,13 +229,17 @@ class _EntryCache:
                 out.append(None)
                 missed.append(i)
         if missed:
-            if len(cached) + len(missed) > self.size:
-                cached.clear()
             fresh = [rows[i] for i in missed]
+            chars = sum(len(r[2]) for r in fresh)
+            keep = len(fresh) <= self.size and chars <= self.chars
+            if keep and (len(cached) + len(fresh) > self.size or self._chars + chars > self.chars):
+                self.clear()
             for i, r, p in zip(missed, fresh, _payloads(fresh), strict=True):
                 entry = LogEntry(session_id, r[0], r[1], p, r[3], r[4])
-                cached[(session_id, r[0])] = ((r[1], r[2], r[3], r[4]), entry)
+                if keep:
+                    cached[(session_id, r[0])] = ((r[1], r[2], r[3], r[4]), entry)
                 out[i] = entry
+            self._chars += chars if keep else 0
         return out  # type: ignore[return-value]  # every None was filled
 
 
