@@ -440,9 +440,9 @@ class Runtime:
     def _memories(self, state: AgentState, agent: Agent) -> list[MemoryItem]:
         if agent.memory_k == 0:
             return []
-        from statekeep.memory.prompt import as_context_item
+        from statekeep.memory.prompt import as_item
 
-        return [as_context_item(h) for h in self.memory.search(state.owner, state.task, k=agent.memory_k)]
+        return [as_item(h) for h in self.memory.search(state.owner, state.task, k=agent.memory_k)]
 
     def _complete(self, messages: list[dict[str, Any]], tools: list[ToolSpec]) -> ModelResponse:
         if isinstance(self.model, AsyncModel):

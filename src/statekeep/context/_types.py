@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+# The memory item is defined beside its renderer, which the memory store shares.
+from statekeep._memory_block import MEMORY_SOURCES as MEMORY_SOURCES
+from statekeep._memory_block import MemoryItem as MemoryItem
+from statekeep._memory_block import MemorySource as MemorySource
 from statekeep.errors import InvalidInputError
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -212,30 +216,6 @@ class Event(LogEntry):
 
     created_at: datetime
     key: str | None = None
-
-
-MemorySource = Literal["user_supplied", "agent_inferred", "system_verified", "imported"]
-MEMORY_SOURCES = ("user_supplied", "agent_inferred", "system_verified", "imported")
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryItem:
-    """A memory handed to :meth:`ContextStore.build` by the caller, with its provenance.
-
-    The context store never reads the memory store itself; the runtime
-    retrieves memories and passes them in. A mapping or any object with these
-    attribute names is accepted too. ``kind`` (semantic, episodic...) and
-    ``trust`` (0 to 1) are shown to the model when given.
-    """
-
-    content: str
-    source: MemorySource = "agent_inferred"
-    session_id: str | None = None
-    run_id: str | None = None
-    event_id: str | int | None = None
-    memory_id: str | None = None
-    kind: str | None = None
-    trust: float | None = None
 
 
 SECTIONS = ("system", "pinned", "memories", "summary", "window")

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from statekeep._memory_block import render_memories
 from statekeep._text import check_unicode
 from statekeep.context import compaction
 from statekeep.context._log import Head, LogView, summary_event
@@ -23,7 +24,7 @@ from statekeep.context._types import (
     MemoryItem,
     Message,
 )
-from statekeep.context.render import render_memories, render_pinned, render_summary, to_anthropic, to_openai
+from statekeep.context.render import render_pinned, render_summary, to_anthropic, to_openai
 from statekeep.context.tokens import REPLY_OVERHEAD, TokenCounter, message_tokens, text_tokens
 from statekeep.context.validate import check_budget, check_pinned, check_session_id, to_memory
 from statekeep.context.window import TokensOf, Window, enforce_pairing, select_window

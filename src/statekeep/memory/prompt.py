@@ -1,22 +1,21 @@
 """Memories reach the model as data, never as instructions (DESIGN.md invariants 8 and 9).
 
-There is one rendering of the memory block, the context builder's
-(:func:`statekeep.context.render.render_memories`): :func:`render_memories`
-shows exactly what the runtime puts in the context, and :func:`as_context_item`
-is how search results are handed to the builder.
+There is one rendering of the memory block, :mod:`statekeep._memory_block`, which
+the context builder uses too: :func:`render_memories` shows exactly what the
+runtime puts in the context, and :func:`as_item` is the item it hands the builder.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from statekeep.context import MemoryItem
-from statekeep.context.render import render_memories as render_items
+from statekeep._memory_block import MemoryItem
+from statekeep._memory_block import render_memories as render_items
 from statekeep.memory._types import Memory, SearchResult
 
 
-def as_context_item(item: SearchResult | Memory) -> MemoryItem:
-    """A memory (or search hit) as the context builder takes it: content with its provenance."""
+def as_item(item: SearchResult | Memory) -> MemoryItem:
+    """A memory (or search hit) as the memory block shows it: content with its provenance."""
     memory = item.memory if isinstance(item, SearchResult) else item
     p = memory.provenance
     return MemoryItem(
@@ -39,4 +38,4 @@ def render_memories(results: Iterable[SearchResult | Memory]) -> str:
         </memory>
         </memories>
     """
-    return render_items([as_context_item(r) for r in results])
+    return render_items(as_item(r) for r in results)
