@@ -13,19 +13,19 @@ import sys
 from typing import Any
 
 from statekeep.config import Settings
-from statekeep.runtime import Runtime
+from statekeep.runtime.steps import AgentSteps
 from statekeep.workflow import RunContext
 from tests.runtime import agent_app
 
 
-class CrashingRuntime(Runtime):
-    def _think(self, ctx: RunContext, agent: Any, turn: int) -> dict[str, Any]:
-        out = super()._think(ctx, agent, turn)
+class CrashingSteps(AgentSteps):
+    def think(self, ctx: RunContext, agent: Any, turn: int) -> dict[str, Any]:
+        out = super().think(ctx, agent, turn)
         _maybe_die(f"model-{turn}")
         return out
 
-    def _observe(self, ctx: RunContext, call: dict[str, Any], result: Any, step: str) -> None:
-        super()._observe(ctx, call, result, step)
+    def observe(self, ctx: RunContext, call: dict[str, Any], result: Any, step: str) -> None:
+        super().observe(ctx, call, result, step)
         _maybe_die(step)
 
 
@@ -35,17 +35,8 @@ def _maybe_die(step: str) -> None:
 
 
 if __name__ == "__main__":
-    base = agent_app.build_runtime(Settings.load())
-    base.close()
-    rt = CrashingRuntime(
-        engine=base.engine,
-        context=base.context,
-        working=base.working,
-        memory=base._open_memory,
-        model=base.model,
-    )
-    agent_app.RUNTIMES[:] = [rt]
-    rt.engine.registry.workflows.clear()
+    rt = agent_app.build_runtime(Settings.load())
+    rt.steps = CrashingSteps(rt.context, rt.model, lambda: rt.memory)
     try:
         run = rt.run(agent_app.AGENT, sys.argv[1], owner=agent_app.OWNER, task="Plan a trip")
         print(run.status)

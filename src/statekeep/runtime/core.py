@@ -1,0 +1,197 @@
+"""The :class:`Runtime`: opens the four stores, registers agents, runs them, remembers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from statekeep.config import Settings
+from statekeep.context import SQLContextStore
+from statekeep.db import Database
+from statekeep.errors import InvalidInputError
+from statekeep.models import AsyncModel, Model
+from statekeep.runtime.agent import Agent, AgentState, check_run
+from statekeep.runtime.scope import current_scope, turn_limit
+from statekeep.runtime.steps import AgentSteps
+from statekeep.workflow import Engine, Registry, Run, RunContext, Worker, Workflow
+from statekeep.working import SQLWorkingStateStore
+
+if TYPE_CHECKING:
+    from statekeep.memory import Embedder, Memory, MemoryKind, MemoryStore, SourceKind
+
+
+class Runtime:
+    """Composes context, working state, workflow and memory into durable agents.
+
+    Build it with :meth:`open` from :class:`~statekeep.config.Settings` (the
+    embedded default, or PostgreSQL with pgvector), register agents, and run
+    them here (:meth:`run`, :meth:`resume`) or on workers (:meth:`start`,
+    :meth:`worker`).
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        context: SQLContextStore,
+        working: SQLWorkingStateStore,
+        memory: Callable[[], MemoryStore],
+        model: Model | AsyncModel,
+    ) -> None:
+        self.engine, self.context, self.working, self.model = engine, context, working, model
+        self._open_memory = memory
+        self._memory: MemoryStore | None = None
+        self.steps = AgentSteps(context, model, lambda: self.memory)
+        self._agents: dict[tuple[str, int], tuple[Agent, Workflow[Any, Any]]] = {}
+
+    @classmethod
+    def open(
+        cls,
+        settings: Settings | None = None,
+        *,
+        model: Model | AsyncModel,
+        embedder: Embedder | None = None,
+        lease: float = 30.0,
+    ) -> Runtime:
+        """Open every store the settings name; stores that share a URL share a database.
+
+        Memory is opened on first use (a LanceDB folder allows one writer at a time).
+
+        Raises:
+            ConfigError: a setting is malformed or its server unreachable.
+        """
+        if not isinstance(model, Model | AsyncModel):
+            raise InvalidInputError("needs complete() or acomplete() and a name", field="model")
+        settings = settings or Settings.load()
+        settings.check()
+        dbs: dict[str, Database] = {}
+
+        def db(store: str) -> Database:
+            url = settings.url_for(store)
+            return dbs.setdefault(url, Database(url, setting=f"STATEKEEP_{store.upper()}_URL"))
+
+        working = SQLWorkingStateStore(db("working"))
+        engine = Engine(db("workflow"), Registry(), state_store=working, lease=lease)
+
+        def memory() -> MemoryStore:
+            from statekeep.memory import open_memory_store
+
+            return open_memory_store(settings.memory_url, embedder)
+
+        context = SQLContextStore(db("context"))
+        return cls(engine=engine, context=context, working=working, memory=memory, model=model)
+
+    # --- agents -----------------------------------------------------------------------------
+
+    def register(self, agent: Agent) -> Workflow[Any, Any]:
+        """Register an agent as the workflow ``agent.<name>`` at its version (idempotent).
+
+        Raises:
+            InvalidInputError: another definition is registered under that name and version.
+        """
+        if not isinstance(agent, Agent):
+            raise InvalidInputError(f"expected an Agent, got {type(agent).__name__}", field="agent")
+        known = self._agents.get((agent.name, agent.version))
+        if known is not None:
+            if known[0] != agent:
+                raise InvalidInputError(
+                    f"{agent.name!r} v{agent.version} is registered with another definition: "
+                    "bump the agent's version",
+                    field="agent",
+                )
+            return known[1]
+
+        def loop(ctx: RunContext, owner: str, session_id: str, task: str) -> str | None:
+            return self.steps.run(ctx, agent, AgentState(owner=owner, session_id=session_id, task=task))
+
+        name = f"agent.{agent.name}"
+        workflow = self.engine.registry.workflow(name, version=agent.version, state=AgentState)(loop)
+        self._agents[(agent.name, agent.version)] = (agent, workflow)
+        return workflow
+
+    def start(
+        self, agent: Agent, run_id: str, *, owner: str, task: str, session_id: str | None = None
+    ) -> Run:
+        """Record a run for a worker to execute; starting an existing id returns it unchanged."""
+        check_run(owner, task, session_id)
+        return self.engine.start(self.register(agent), run_id, owner, session_id or run_id, task)
+
+    def run(
+        self,
+        agent: Agent,
+        run_id: str,
+        *,
+        owner: str,
+        task: str,
+        session_id: str | None = None,
+        turns: int | None = None,
+    ) -> Run:
+        """Start or resume a run and execute it here until it finishes, waits, or has done ``turns`` turns."""
+        check_run(owner, task, session_id)
+        workflow = self.register(agent)
+        with turn_limit(turns):
+            return self.engine.run(workflow, run_id, owner, session_id or run_id, task)
+
+    def resume(self, run_id: str, *, turns: int | None = None) -> Run:
+        """Continue a run by its id alone (its agent must be registered in this process)."""
+        with turn_limit(turns):
+            return self.engine.resume(run_id)
+
+    def worker(self, **kw: Any) -> Worker:
+        """A worker that executes runnable runs of the registered agents (see :class:`Worker`)."""
+        return Worker(self.engine, **kw)
+
+    # --- memory -----------------------------------------------------------------------------
+
+    @property
+    def memory(self) -> MemoryStore:
+        """The long-term memory store, opened on first use."""
+        if self._memory is None:
+            self._memory = self._open_memory()
+        return self._memory
+
+    def remember(
+        self,
+        content: str,
+        *,
+        owner: str | None = None,
+        kind: MemoryKind = "semantic",
+        tags: Sequence[str] = (),
+        source: SourceKind = "agent_inferred",
+        metadata: dict[str, Any] | None = None,
+    ) -> Memory:
+        """Write a long-term memory; inside a run, its owner and provenance come from the run.
+
+        Raises:
+            InvalidInputError: outside a run without an ``owner``, or for another owner inside one.
+        """
+        from statekeep.memory import Provenance
+
+        scope = current_scope()
+        if scope is None and owner is None:
+            raise InvalidInputError("outside a run, name the memory's owner", field="owner")
+        if scope is not None and owner not in (None, scope.owner):
+            raise InvalidInputError("a run writes only its own owner's memories", field="owner")
+        provenance = Provenance(source)
+        if scope is not None:
+            event = None if scope.event_id is None else str(scope.event_id)
+            provenance = Provenance(source, session_id=scope.session_id, run_id=scope.run_id, event_id=event)
+        who = owner or (scope.owner if scope else "")
+        return self.memory.remember(
+            who, content, kind=kind, tags=tags, metadata=metadata, provenance=provenance
+        )
+
+    def close(self) -> None:
+        """Release the memory store (and its folder lock), the async model's loop, and every connection."""
+        self.steps.close()
+        if self._memory is not None:
+            self._memory.close()
+            self._memory = None
+        for db in {id(s.db): s.db for s in (self.engine.store, self.context, self.working)}.values():
+            db.dispose()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
