@@ -26,8 +26,13 @@ from statekeep.workflow import Engine, Reconciliation, Registry, RunContext, Too
 from .conftest import append, lines
 
 POINTS = ("before_step", "inside_step", "tool_started", "before_commit")
-RUNS = 90
 STEPS = 4
+#: New runs a child killed at a fault point starts: every point occurs at least
+#: this often in them, so a child asked to die at its n-th (n <= 3) always does.
+FRESH_RUNS = 5
+#: New runs a child killed at a random time may start: more than it can finish
+#: before the kill, so the workload is never used up, however fast the machine.
+RANDOM_RUNS = 1000
 
 
 class Faults:
@@ -78,8 +83,8 @@ def build(work: Path, faults: Faults, *, reconcile: bool) -> Registry:
     return registry
 
 
-def child(url: str, work: Path, point: str | None, n: int, reconcile: bool) -> None:
-    """Resume or start every run of the workload; die at the chosen fault."""
+def child(url: str, work: Path, point: str | None, n: int, reconcile: bool, new_runs: int) -> None:
+    """Resume every unfinished run, then start ``new_runs`` new ones; die at the chosen fault."""
     faults = Faults(point, n)
     db = Database(url)
     wrote_step = {"flag": False}
@@ -97,7 +102,9 @@ def child(url: str, work: Path, point: str | None, n: int, reconcile: bool) -> N
 
     engine = Engine(db, build(work, faults, reconcile=reconcile))
     crashy = engine.registry.get("crashy", 1)
-    finished = {r.run_id for r in engine.store.list_runs() if r.status.finished}
-    for i in range(RUNS):
-        if f"run-{i}" not in finished:
-            engine.run(crashy, f"run-{i}", i)
+    known = engine.store.list_runs(limit=1_000_000)
+    for run in known:
+        if not run.status.finished:
+            engine.run(crashy, run.run_id, int(run.run_id.removeprefix("run-")))
+    for i in range(len(known), len(known) + new_runs):
+        engine.run(crashy, f"run-{i}", i)

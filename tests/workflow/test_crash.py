@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from statekeep.db import Database
-from statekeep.workflow import Engine, RunStatus
+from statekeep.workflow import Engine, Run, RunStatus
 
 from . import crash_workload as workload
 from .conftest import fork, lines, wait
@@ -28,14 +28,19 @@ pytestmark = [pytest.mark.crash, pytest.mark.slow]
 def crash_loop(
     url: str, work: Path, *, reconcile: bool, point_kills: int, random_kills: int, seed: int
 ) -> Counter[str]:
-    """Kill children until the quotas are met; return kills per fault point."""
+    """Kill children until the quotas are met; return kills per fault point.
+
+    Every child starts new runs, so a child told to die at a fault point always
+    reaches it: one that does not is a failure, not a kill to retry.
+    """
     rng = random.Random(seed)
     kills: Counter[str] = Counter()
-    attempts = 0
-    while sum(kills.values()) < point_kills + random_kills and attempts < 4 * (point_kills + random_kills):
-        attempts += 1
-        if kills["random"] < random_kills and attempts % 4 == 0:
-            pid = fork(lambda: workload.child(url, work, None, 0, reconcile))
+    for attempt in range(1, 4 * (point_kills + random_kills)):
+        if sum(kills.values()) >= point_kills + random_kills:
+            break
+        points_done = sum(kills[p] for p in workload.POINTS) >= point_kills
+        if kills["random"] < random_kills and (attempt % 4 == 0 or points_done):
+            pid = fork(lambda: workload.child(url, work, None, 0, reconcile, workload.RANDOM_RUNS))
             time.sleep(rng.uniform(0.02, 0.25))
             _kill(pid)
             if wait(pid) == -signal.SIGKILL:
@@ -43,11 +48,12 @@ def crash_loop(
             continue
         point = workload.POINTS[sum(kills[p] for p in workload.POINTS) % len(workload.POINTS)]
         n = rng.randint(1, 3)
-        pid = fork(lambda point=point, n=n: workload.child(url, work, point, n, reconcile))
+        pid = fork(
+            lambda point=point, n=n: workload.child(url, work, point, n, reconcile, workload.FRESH_RUNS)
+        )
         code = wait(pid)
-        assert code in (0, -signal.SIGKILL), f"child failed with exit code {code}"
-        if code == -signal.SIGKILL:
-            kills[point] += 1
+        assert code == -signal.SIGKILL, f"a child told to die at {point} #{n} exited with {code}"
+        kills[point] += 1
     return kills
 
 
@@ -60,17 +66,24 @@ def _kill(pid: int) -> None:
 
 def finish(url: str, work: Path, reconcile: bool) -> None:
     """A last, undisturbed process resumes every run."""
-    assert wait(fork(lambda: workload.child(url, work, None, 0, reconcile))) == 0
+    assert wait(fork(lambda: workload.child(url, work, None, 0, reconcile, 0))) == 0
+
+
+def all_runs(engine: Engine) -> list[Run]:
+    """Every run the children started (each child adds new ones, so work never runs out)."""
+    runs = engine.store.list_runs(limit=1_000_000)
+    assert len(runs) >= 10, "the children must have started runs"
+    return runs
 
 
 def check_no_completed_step_ran_again(engine: Engine, work: Path) -> None:
     """The execution that produced a recorded output is the last execution of that step."""
     execs: dict[tuple[str, int], list[str]] = defaultdict(list)
     for line in lines(work / "execs.log"):
-        run, seq, token = line.split()
-        execs[(run, int(seq))].append(token)
-    for i in range(workload.RUNS):
-        for step in engine.store.steps(f"run-{i}"):
+        run_id, seq, token = line.split()
+        execs[(run_id, int(seq))].append(token)
+    for run in all_runs(engine):
+        for step in engine.store.steps(run.run_id):
             if step.kind == "step":
                 assert execs[(step.run_id, step.seq)][-1] == step.value, (step.run_id, step.seq)
 
@@ -94,11 +107,11 @@ def test_invariants_1_and_3_survive_sigkill_with_a_reconciler(
     assert sum(kills.values()) >= 60, kills
     assert all(kills[p] >= 5 for p in workload.POINTS), kills
     finish(url, tmp_path, reconcile=True)
-    runs = [engine.store.get(f"run-{i}") for i in range(workload.RUNS)]
+    runs = all_runs(engine)
     assert {r.status for r in runs} == {RunStatus.COMPLETED}
     check_no_completed_step_ran_again(engine, tmp_path)
     charges = Counter(lines(tmp_path / "effects.log"))
-    assert sorted(charges) == sorted(f"run-{i}/3/0" for i in range(workload.RUNS))
+    assert sorted(charges) == sorted(f"{run.run_id}/3/0" for run in runs)
     assert set(charges.values()) == {1}
     engine.store.db.dispose()
 
@@ -118,8 +131,7 @@ def test_invariant_3_ambiguous_calls_are_surfaced_never_repeated(
     assert set(Counter(lines(tmp_path / "effects.log")).values()) <= {1}
     asks = {a.run_id: a for a in engine.store.approvals(kind="ambiguous")}
     assert asks, "a kill between a tool's start and completion must surface an ambiguous call"
-    for i in range(workload.RUNS):
-        run = engine.store.get(f"run-{i}")
+    for run in all_runs(engine):
         if run.status is RunStatus.NEEDS_DECISION:
             assert asks[run.run_id].action == "charge"
             assert [c.status for c in engine.store.tool_calls(run.run_id)] == ["started"]
