@@ -40,14 +40,14 @@ def test_a_busy_connection_is_not_pinged_an_idle_one_is(
     request: pytest.FixtureRequest, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Back-to-back transactions skip the ping round trip; after the idle window, checkout pings."""
-    db = Database(request.getfixturevalue(f"{backend}_url"), ping_after=0.2)
+    db = Database(request.getfixturevalue(f"{backend}_url"), ping_after=0.5)
     pings = _count_pings(db, monkeypatch)
     try:
         for _ in range(5):
             with db.read() as conn:
                 conn.execute(sa.text("SELECT 1"))
         assert pings == []
-        time.sleep(0.3)
+        time.sleep(0.6)
         with db.read() as conn:
             conn.execute(sa.text("SELECT 1"))
         assert pings == [1]

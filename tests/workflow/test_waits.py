@@ -106,7 +106,7 @@ def test_invariant_4_sleep_and_event_waits_survive_a_restart_of_every_worker(
 
     first = [fork(worker), fork(worker)]
     setup = Engine(Database(database_url), waits_registry(effects))
-    setup.start(setup.registry.get("nap", 1), "sleeper", 1.5)
+    setup.start(setup.registry.get("nap", 1), "sleeper", 3.0)  # parks long before it is due
     setup.start(setup.registry.get("signal", 1), "listener", None)
     deadline = time.monotonic() + 20
     while {setup.store.get(r).status for r in ("sleeper", "listener")} != {
