@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from statekeep.db import Database, Migration, upgrade
 from statekeep.db.migrations import create_tables
@@ -73,7 +74,7 @@ approvals = sa.Table(
     "approvals",
     metadata,
     sa.Column("approval_id", sa.String(64), primary_key=True),
-    sa.Column("run_id", sa.String(255), nullable=False, index=True),
+    sa.Column("run_id", sa.String(255), nullable=False),
     sa.Column("seq", sa.Integer, nullable=False),
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("action", sa.String(255), nullable=False),
@@ -102,12 +103,23 @@ events = sa.Table(
     sa.Index("ix_events_run_name", "run_id", "name"),
 )
 
+
+def _drop_approvals_run_id_index(conn: Connection) -> None:
+    # Version 1 indexed approvals.run_id on its own; ix_approvals_run_seq, which
+    # starts with run_id, serves every query that index did. Tables created since
+    # this migration never had it, hence the check. A stand-in table, so that the
+    # index never joins the live table's metadata.
+    version_1 = sa.Table("approvals", sa.MetaData(schema=SCHEMA), sa.Column("run_id", sa.String(255)))
+    sa.Index("ix_statekeep_workflow_approvals_run_id", version_1.c.run_id).drop(conn, checkfirst=True)
+
+
 MIGRATIONS = [
     Migration(
         1,
         "runs, steps, tool_calls, approvals, events",
         create_tables(metadata, "runs", "steps", "tool_calls", "approvals", "events"),
-    )
+    ),
+    Migration(2, "drop the approvals index on run_id alone", _drop_approvals_run_id_index),
 ]
 
 
