@@ -149,7 +149,7 @@ def test_an_expired_approval_fails_closed(make_engine: EngineFactory, files: tup
 def test_bad_decisions_are_refused_and_write_nothing(
     make_engine: EngineFactory, files: tuple[Path, Path]
 ) -> None:
-    """An unknown approval id, an anonymous decider or a non-JSON result raise; the approval stays pending."""
+    """Unknown or unstorable ids, a bad decider, approve or comment, non-JSON results: refused, pending."""
     effects, amount = files
     engine = make_engine(refund_registry(effects, amount))
     engine.run(engine.registry.get("refund", 1), "r", "o-1")
@@ -160,6 +160,18 @@ def test_bad_decisions_are_refused_and_write_nothing(
         engine.store.decide(ask.approval_id, approve=True, by="")
     with pytest.raises(InvalidInputError, match="result"):
         engine.store.decide(ask.approval_id, approve=True, by="alice", result={1, 2})
+    with pytest.raises(InvalidInputError, match="approval_id"):
+        engine.store.decide("a\x00b", approve=True, by="alice")
+    with pytest.raises(InvalidInputError, match="approve"):
+        engine.store.decide(ask.approval_id, approve="yes", by="alice")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="comment"):
+        engine.store.decide(ask.approval_id, approve=True, by="alice", comment="ok\x00")
+    with pytest.raises(InvalidInputError, match="by"):
+        engine.store.decide(ask.approval_id, approve=True, by="x" * 256)
+    with pytest.raises(InvalidInputError, match="approval_id"):
+        engine.store.approval("\ud800")
+    with pytest.raises(InvalidInputError, match="run_id"):
+        engine.store.approvals(run_id="r\x00")
     assert engine.store.approval(ask.approval_id).status == "pending"
 
 

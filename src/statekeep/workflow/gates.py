@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from statekeep._text import check_id, check_storable
 from statekeep.db import Database
 from statekeep.errors import (
     ApprovalDecidedError,
@@ -43,12 +44,16 @@ class GateStore:
         kind: str | None = None,
         action: str | None = None,
     ) -> list[Approval]:
-        """Approvals filtered by status (``pending`` by default; None for all), run, kind or action."""
+        """Approvals filtered by status (``pending`` by default; None for all), run, kind or action.
+
+        Raises:
+            InvalidInputError: a filter that is not a storable, non-empty string.
+        """
         q = sa.select(approvals).order_by(approvals.c.created_at)
         filters = {"status": status, "run_id": run_id, "kind": kind, "action": action}
         for column, value in filters.items():
             if value is not None:
-                q = q.where(approvals.c[column] == value)
+                q = q.where(approvals.c[column] == check_id(value, column))
         with self.db.read() as conn:
             return [codec.approval_record(r) for r in conn.execute(q).mappings()]
 
@@ -56,8 +61,10 @@ class GateStore:
         """One approval by id.
 
         Raises:
+            InvalidInputError: ``approval_id`` is not an id.
             ApprovalNotFoundError: no such approval.
         """
+        check_id(approval_id, "approval_id")
         with self.db.read() as conn:
             return _get(conn, approval_id)
 
@@ -70,13 +77,22 @@ class GateStore:
         reject means "it happened", and ``result`` becomes the call's output.
 
         Raises:
-            InvalidInputError: ``by`` is empty or ``result`` is not JSON; nothing was written.
+            InvalidInputError: a bad id, ``by`` empty, ``approve`` not a bool, ``comment``
+                not storable text, or ``result`` not JSON; nothing was written.
             ApprovalNotFoundError: no such approval.
             ApprovalDecidedError: the approval was already decided (or expired).
             ApprovalExpiredError: the approval expired; it is recorded as expired and fails closed.
         """
+        check_id(approval_id, "approval_id")
         if not isinstance(by, str) or not by:
             raise InvalidInputError("must name who decides", field="by")
+        check_id(by, "by")
+        if not isinstance(approve, bool):
+            raise InvalidInputError("must be True or False", field="approve")
+        if comment is not None:
+            if not isinstance(comment, str):
+                raise InvalidInputError("must be a string or None", field="comment")
+            check_storable(comment, "comment")
         try:
             encoded = codec.to_json(result)
         except codec.NotJSONError as exc:
