@@ -247,6 +247,43 @@ def _load(path: str) -> Callable[[Settings], Runtime]:
     return target  # type: ignore[no-any-return]
 
 
+# --- approval webhook ------------------------------------------------------------------------
+
+
+@app.command()
+def serve(
+    tokens_file: Annotated[
+        Path,
+        typer.Option(
+            "--tokens-file",
+            envvar="STATEKEEP_WEB_TOKENS_FILE",
+            help='JSON object of each person\'s identity and bearer token: {"alice@example.com": "..."}.',
+        ),
+    ],
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    database_url: DatabaseURL = None,
+    home: Home = None,
+) -> None:
+    """Serve the approval webhook: list, read and decide approvals over HTTP (needs statekeep[web])."""
+    try:
+        import uvicorn
+    except ImportError as exc:
+        from statekeep.errors import MissingDependencyError
+
+        raise MissingDependencyError("statekeep[web]", "statekeep serve") from exc
+    from statekeep.web import create_app
+
+    try:
+        tokens = json.loads(tokens_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"{tokens_file} is not JSON: {exc}", field="--tokens-file") from exc
+    if not isinstance(tokens, dict):
+        raise InvalidInputError(f"{tokens_file} must hold a JSON object", field="--tokens-file")
+    webhook = create_app(_workflow(database_url, home), tokens=tokens)
+    uvicorn.run(webhook, host=host, port=port, log_level="info")
+
+
 # --- memory ----------------------------------------------------------------------------------
 
 

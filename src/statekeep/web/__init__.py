@@ -1,0 +1,12 @@
+"""HTTP access for people: the approval webhook (needs the ``statekeep[web]`` extra).
+
+>>> from statekeep.workflow import WorkflowStore
+>>> from statekeep.web import create_app
+>>> app = create_app(WorkflowStore("sqlite://"), tokens={"alice@example.com": "a-long-random-token"})
+>>> sorted(path for path in app.openapi()["paths"] if path.startswith("/approvals"))
+['/approvals', '/approvals/{approval_id}', '/approvals/{approval_id}/decision']
+"""
+
+from statekeep.web.app import ApprovalOut, Decision, RunOut, create_app
+
+__all__ = ["ApprovalOut", "Decision", "RunOut", "create_app"]

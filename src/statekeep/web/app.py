@@ -1,0 +1,217 @@
+"""The approval webhook: people (or a chat bot acting for them) decide gated runs over HTTP.
+
+Every request but ``/health`` carries ``Authorization: Bearer <token>``; the token
+names the person, and that name, never one from the request body, is what a
+decision records as ``decided_by``. Decisions make the run runnable; a worker
+resumes it. Endpoints are plain ``def`` functions: FastAPI runs them in its thread
+pool, so the blocking store calls never stall the event loop.
+"""
+
+# No ``from __future__ import annotations``: FastAPI reads the endpoints' annotations,
+# which name dependencies local to create_app.
+import hmac
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Annotated, Any, Literal, Self
+
+from statekeep.errors import (
+    ApprovalDecidedError,
+    ApprovalExpiredError,
+    ConfigError,
+    InvalidInputError,
+    MissingDependencyError,
+    NotFoundError,
+    StatekeepError,
+    StorageError,
+)
+from statekeep.workflow import Approval, Run, WorkflowStore
+
+try:
+    from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+    from fastapi.responses import JSONResponse
+    from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+    from pydantic import BaseModel, ConfigDict, Field
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise MissingDependencyError("statekeep[web]", "the approval webhook") from exc
+
+MIN_TOKEN_LENGTH = 16
+
+#: HTTP status for each statekeep error a request can meet; anything else is a 500.
+_STATUS: list[tuple[type[StatekeepError], int]] = [
+    (NotFoundError, 404),
+    (ApprovalDecidedError, 409),
+    (ApprovalExpiredError, 410),
+    (InvalidInputError, 422),
+    (StorageError, 503),
+]
+
+
+class Decision(BaseModel):
+    """A person's decision on one approval. Who decides comes from the token, not from here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    approve: bool
+    comment: str | None = Field(default=None, max_length=10_000)
+    result: Any = Field(
+        default=None,
+        description="For a rejected ambiguous call: the output the call had (it did happen).",
+    )
+
+
+class ApprovalOut(BaseModel):
+    """An approval as the webhook shows it."""
+
+    approval_id: str
+    run_id: str
+    kind: str
+    action: str
+    args: dict[str, Any]
+    reason: str
+    status: str
+    created_at: datetime
+    expires_at: datetime | None
+    decided_by: str | None
+    decided_at: datetime | None
+    comment: str | None
+    result: Any
+
+    @classmethod
+    def of(cls, a: Approval) -> Self:
+        return cls(
+            approval_id=a.approval_id,
+            run_id=a.run_id,
+            kind=a.kind,
+            action=a.action,
+            args=a.args,
+            reason=a.reason,
+            status=a.status,
+            created_at=a.created_at,
+            expires_at=a.expires_at,
+            decided_by=a.decided_by,
+            decided_at=a.decided_at,
+            comment=a.comment,
+            result=a.result,
+        )
+
+
+class RunOut(BaseModel):
+    """A run's progress: enough to see whether it waits, runs or finished, and why."""
+
+    run_id: str
+    workflow: str
+    version: int
+    status: str
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    waiting: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, r: Run) -> Self:
+        return cls(
+            run_id=r.run_id,
+            workflow=r.workflow,
+            version=r.version,
+            status=r.status.value,
+            error=r.error,
+            created_at=r.created_at,
+            updated_at=r.updated_at,
+            finished_at=r.finished_at,
+            waiting=r.waiting,
+        )
+
+
+def _check_tokens(tokens: Mapping[str, str]) -> dict[str, str]:
+    """Identity -> token, validated: every identity named, every token long and distinct."""
+    if not isinstance(tokens, Mapping) or not tokens:
+        raise ConfigError("tokens", "{}", "name at least one person and their token")
+    checked: dict[str, str] = {}
+    for identity, token in tokens.items():
+        if not isinstance(identity, str) or not identity.strip():
+            raise ConfigError("tokens", repr(identity), "an identity must be a non-empty string")
+        if not isinstance(token, str) or len(token) < MIN_TOKEN_LENGTH:
+            raise ConfigError(
+                "tokens", identity, f"the token must be a string of at least {MIN_TOKEN_LENGTH} characters"
+            )
+        checked[identity] = token
+    if len(set(checked.values())) != len(checked):
+        raise ConfigError("tokens", "(tokens)", "two identities share a token; each needs its own")
+    return checked
+
+
+def create_app(store: WorkflowStore, *, tokens: Mapping[str, str]) -> FastAPI:
+    """The webhook over ``store``; ``tokens`` maps each person's identity to their bearer token.
+
+    Raises:
+        ConfigError: no identities, an empty identity, or a short or shared token.
+    """
+    if not isinstance(store, WorkflowStore):
+        raise InvalidInputError("must be a WorkflowStore", field="store")
+    by_token = [(token.encode(), identity) for identity, token in _check_tokens(tokens).items()]
+    bearer = HTTPBearer(auto_error=False)
+
+    def caller(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
+        presented = b"" if credentials is None else credentials.credentials.encode()
+        found = None
+        for token, identity in by_token:  # every token compared: the time taken says nothing
+            if hmac.compare_digest(token, presented):
+                found = identity
+        if found is None:
+            raise HTTPException(401, "a valid bearer token is required", {"WWW-Authenticate": "Bearer"})
+        return found
+
+    Caller = Annotated[str, Depends(caller)]
+    app = FastAPI(title="statekeep approvals", version="1")
+    api = APIRouter(dependencies=[Depends(caller)])
+
+    @app.exception_handler(StatekeepError)
+    def _statekeep_error(request: Request, exc: StatekeepError) -> JSONResponse:
+        status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
+        return JSONResponse({"error": type(exc).__name__, "detail": str(exc)}, status_code=status)
+
+    @app.get("/health")
+    def health() -> dict[str, bool]:
+        """Liveness, without a token: the process answers."""
+        return {"ok": True}
+
+    @api.get("/approvals")
+    def list_approvals(
+        status: Annotated[
+            Literal["pending", "approved", "rejected", "expired", "withdrawn", "all"], Query()
+        ] = "pending",
+        run_id: str | None = None,
+        kind: Literal["gate", "ambiguous"] | None = None,
+        action: str | None = None,
+    ) -> list[ApprovalOut]:
+        """Approvals, oldest first: pending ones unless ``status`` says otherwise."""
+        found = store.approvals(
+            status=None if status == "all" else status, run_id=run_id, kind=kind, action=action
+        )
+        return [ApprovalOut.of(a) for a in found]
+
+    @api.get("/approvals/{approval_id}")
+    def get_approval(approval_id: str) -> ApprovalOut:
+        """One approval, decided or not."""
+        return ApprovalOut.of(store.approval(approval_id))
+
+    @api.post("/approvals/{approval_id}/decision")
+    def decide(approval_id: str, decision: Decision, who: Caller) -> ApprovalOut:
+        """Record the caller's decision, once: 409 if it was decided, 410 if it expired."""
+        decided = store.decide(
+            approval_id,
+            approve=decision.approve,
+            by=who,
+            comment=decision.comment,
+            result=decision.result,
+        )
+        return ApprovalOut.of(decided)
+
+    @api.get("/runs/{run_id}")
+    def get_run(run_id: str) -> RunOut:
+        """A run's status, so a caller can follow what its decision set going."""
+        return RunOut.of(store.get(run_id))
+
+    app.include_router(api)
+    return app

@@ -1,0 +1,274 @@
+"""The approval webhook over a real workflow store: who decides comes from the token, once."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from statekeep.errors import ConfigError, InvalidInputError
+from statekeep.workflow import Engine, Registry, RunContext, RunStatus, WorkflowStore
+from tests.workflow.conftest import EngineFactory, append, lines
+
+ROOT = Path(__file__).resolve().parents[2]
+ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789ab"
+TOKENS = {"alice@example.com": ALICE, "bob@example.com": BOB}
+
+
+def refund_registry(effects: Path, expires: float | None = None) -> Registry:
+    registry = Registry()
+
+    @registry.tool("refund")
+    def refund(key: str, order: str, amount: int) -> dict[str, Any]:
+        append(effects, f"{key} {order} {amount}")
+        return {"refunded": amount}
+
+    @registry.workflow("refund", version=1)
+    def flow(ctx: RunContext, order: str) -> Any:
+        expires_in = None if expires is None else timedelta(seconds=expires)
+        return ctx.call_tool(
+            refund.requiring_approval("refunds need a person", expires_in=expires_in), order, 120
+        )
+
+    return registry
+
+
+@pytest.fixture
+def setup(make_engine: EngineFactory, tmp_path: Path) -> Iterator[tuple[Engine, TestClient, Path]]:
+    """An engine with one run waiting for approval, and a client of the webhook over its store."""
+    from statekeep.web import create_app
+
+    effects = tmp_path / "effects"
+    engine = make_engine(refund_registry(effects))
+    assert engine.run(engine.registry.get("refund", 1), "r", "o-1").status is RunStatus.WAITING_FOR_APPROVAL
+    with TestClient(create_app(engine.store, tokens=TOKENS)) as client:
+        yield engine, client, effects
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_a_decision_over_http_is_recorded_once_as_the_token_holder(
+    setup: tuple[Engine, TestClient, Path],
+) -> None:
+    """The pending approval is listed; approving wakes the run, which then acts once; a repeat is 409."""
+    engine, client, effects = setup
+    listed = client.get("/approvals", headers=auth(BOB))
+    assert listed.status_code == 200
+    (ask,) = listed.json()
+    assert (ask["run_id"], ask["action"], ask["args"], ask["status"]) == (
+        "r",
+        "refund",
+        {"args": ["o-1", 120], "kwargs": {}},
+        "pending",
+    )
+    decided = client.post(
+        f"/approvals/{ask['approval_id']}/decision",
+        json={"approve": True, "comment": "ok"},
+        headers=auth(BOB),
+    )
+    assert decided.status_code == 200, decided.text
+    assert (decided.json()["status"], decided.json()["decided_by"]) == ("approved", "bob@example.com")
+    assert client.get("/runs/r", headers=auth(ALICE)).json()["status"] == "pending"  # runnable again
+    assert engine.resume("r").status is RunStatus.COMPLETED
+    assert lines(effects) == ["r/1/0 o-1 120"]
+
+    again = client.post(
+        f"/approvals/{ask['approval_id']}/decision", json={"approve": False}, headers=auth(ALICE)
+    )
+    assert again.status_code == 409
+    assert again.json()["error"] == "ApprovalDecidedError"
+    assert engine.store.approval(ask["approval_id"]).decided_by == "bob@example.com"
+    assert client.get("/approvals", headers=auth(ALICE)).json() == []
+    assert [a["status"] for a in client.get("/approvals?status=all", headers=auth(ALICE)).json()] == [
+        "approved"
+    ]
+    assert lines(effects) == ["r/1/0 o-1 120"]
+
+
+def test_a_rejection_over_http_means_the_action_never_runs(setup: tuple[Engine, TestClient, Path]) -> None:
+    """Rejected by the token holder: the run fails saying who rejected it, and the tool never ran."""
+    engine, client, effects = setup
+    (ask,) = engine.store.approvals()
+    response = client.post(
+        f"/approvals/{ask.approval_id}/decision",
+        json={"approve": False, "comment": "fraud"},
+        headers=auth(ALICE),
+    )
+    assert response.status_code == 200
+    run = engine.resume("r")
+    assert run.status is RunStatus.FAILED
+    assert run.error is not None
+    assert "rejected by alice@example.com: fraud" in run.error
+    assert lines(effects) == []
+
+
+def test_without_a_valid_token_nothing_is_shown_or_decided(setup: tuple[Engine, TestClient, Path]) -> None:
+    """No token, a wrong one, another scheme: 401 on every route but /health; nothing is decided."""
+    engine, client, _ = setup
+    (ask,) = engine.store.approvals()
+    decision = f"/approvals/{ask.approval_id}/decision"
+    for headers in (
+        {},
+        auth("alice-token-0123456780"),
+        auth(ALICE[:-1]),
+        {"Authorization": f"Basic {ALICE}"},
+    ):
+        for method, path in (("GET", "/approvals"), ("GET", "/runs/r"), ("POST", decision)):
+            response = client.request(method, path, headers=headers, json={"approve": True})
+            assert response.status_code == 401, (headers, path)
+            assert response.headers["www-authenticate"] == "Bearer"
+    assert client.get("/health").json() == {"ok": True}
+    assert engine.store.approval(ask.approval_id).status == "pending"
+
+
+def test_the_decider_cannot_be_named_in_the_body_and_bad_input_is_422(
+    setup: tuple[Engine, TestClient, Path],
+) -> None:
+    """A body naming `by`, a non-bool approve, a NUL comment or id: 422, and nothing is decided."""
+    engine, client, _ = setup
+    (ask,) = engine.store.approvals()
+    decision = f"/approvals/{ask.approval_id}/decision"
+    for body in (
+        {"approve": True, "by": "mallory"},
+        {"approve": "maybe"},
+        {},
+        {"approve": True, "comment": "ok\x00"},
+        {"approve": True, "result": float("inf")},
+    ):
+        response = client.post(decision, content=json.dumps(body), headers=auth(ALICE))
+        assert response.status_code == 422, (body, response.text)
+    assert client.get("/approvals/a%00b", headers=auth(ALICE)).status_code == 422
+    assert client.get("/approvals?status=maybe", headers=auth(ALICE)).status_code == 422
+    assert engine.store.approval(ask.approval_id).status == "pending"
+
+
+def test_unknown_ids_are_404_and_an_expired_approval_is_410(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    """404 names what is missing; a decision after expiry is refused and recorded as expired."""
+    from statekeep.web import create_app
+
+    engine = make_engine(refund_registry(tmp_path / "effects", expires=0.2))
+    engine.run(engine.registry.get("refund", 1), "r", "o-1")
+    (ask,) = engine.store.approvals()
+    time.sleep(0.3)
+    with TestClient(create_app(engine.store, tokens=TOKENS)) as client:
+        assert client.get("/approvals/nope", headers=auth(ALICE)).json()["error"] == "ApprovalNotFoundError"
+        assert client.get("/runs/ghost", headers=auth(ALICE)).status_code == 404
+        late = client.post(
+            f"/approvals/{ask.approval_id}/decision", json={"approve": True}, headers=auth(ALICE)
+        )
+        assert late.status_code == 410
+    assert engine.store.approval(ask.approval_id).status == "expired"
+    assert lines(tmp_path / "effects") == []
+
+
+@pytest.mark.parametrize(
+    ("tokens", "message"),
+    [
+        ({}, "at least one"),
+        ({"": ALICE}, "identity"),
+        ({"alice": "short"}, "at least 16"),
+        ({"alice": 12345678901234567}, "at least 16"),
+        ({"alice": ALICE, "bob": ALICE}, "share a token"),
+    ],
+)
+def test_bad_token_settings_are_refused(sqlite_url: str, tokens: Any, message: str) -> None:
+    """An app that would accept anyone, or not know who decided, is never built."""
+    from statekeep.web import create_app
+
+    store = WorkflowStore(sqlite_url)
+    with pytest.raises(ConfigError, match=message):
+        create_app(store, tokens=tokens)
+    with pytest.raises(InvalidInputError, match="store"):
+        create_app("sqlite://", tokens=TOKENS)  # type: ignore[arg-type]
+    store.db.dispose()
+
+
+def cli_env(tmp_path: Path, database_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a `statekeep` child process over ``database_url``."""
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "STATEKEEP_HOME": str(tmp_path / "home"),
+        "STATEKEEP_DATABASE_URL": database_url,
+        **extra,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_statekeep_serve_decides_over_real_http(database_url: str, tmp_path: Path) -> None:
+    """The command serves the webhook from settings; an approval decided over TCP lets a worker finish."""
+    effects = tmp_path / "effects"
+    engine = Engine(database_url, refund_registry(effects))
+    engine.run(engine.registry.get("refund", 1), "r", "o-1")
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps(TOKENS))
+    port, log = _free_port(), tmp_path / "server.log"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "statekeep", "serve", "--port", str(port)],
+        env=cli_env(tmp_path, database_url, STATEKEEP_WEB_TOKENS_FILE=str(tokens)),
+        cwd=tmp_path,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert server.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.1)
+        (ask,) = httpx.get(f"{base}/approvals", headers=auth(ALICE)).json()
+        decided = httpx.post(
+            f"{base}/approvals/{ask['approval_id']}/decision", json={"approve": True}, headers=auth(ALICE)
+        )
+        assert decided.json()["decided_by"] == "alice@example.com"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert engine.resume("r").status is RunStatus.COMPLETED
+    assert lines(effects) == ["r/1/0 o-1 120"]
+    engine.store.db.dispose()
+
+
+def test_statekeep_serve_refuses_a_bad_tokens_file_in_one_line(sqlite_url: str, tmp_path: Path) -> None:
+    """A missing, non-JSON or non-object tokens file: exit 1 with one line naming it, no server."""
+    cases = {"missing.json": None, "bad.json": "{not json", "list.json": '["a"]', "weak.json": '{"a": "b"}'}
+    for name, text in cases.items():
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        out = subprocess.run(
+            [sys.executable, "-m", "statekeep", "serve", "--tokens-file", str(path)],
+            env=cli_env(tmp_path, sqlite_url),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 1, (name, out.stderr)
+        assert out.stderr.startswith("error: "), (name, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1, (name, out.stderr)
