@@ -57,6 +57,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from statekeep._redact import redact_url
+
 
 class StatekeepError(Exception):
     """Root of every error statekeep raises on purpose."""
@@ -69,7 +71,7 @@ class ConfigError(StatekeepError):
         self.setting = setting
         self.value = value
         self.reason = reason
-        super().__init__(f"{setting}={_redact(value)!s}: {reason}")
+        super().__init__(f"{setting}={redact_url(value)!s}: {reason}")
 
 
 class MissingDependencyError(StatekeepError):
@@ -443,13 +445,3 @@ class Suspended(BaseException):
         self.status = status
         self.detail = detail or {}
         super().__init__(f"run {run_id!r} suspended: {status}")
-
-
-def _redact(value: str) -> str:
-    """Hide a password in a URL so that errors never print secrets."""
-    if "://" not in value or "@" not in value:
-        return value
-    scheme, rest = value.split("://", 1)
-    creds, host = rest.rsplit("@", 1)
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in creds else value

@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
+from statekeep._redact import redact_url
 from statekeep.db.dialects import DIALECTS, Dialect
 from statekeep.errors import ConfigError, StorageError
 
@@ -155,7 +156,7 @@ class Database:
         self.engine.dispose()
 
     def __repr__(self) -> str:
-        return f"Database({self.url.render_as_string(hide_password=True)!r})"
+        return f"Database({redact_url(self.url.render_as_string(hide_password=True))!r})"
 
 
 def _ensure_sqlite_folder(url: URL, setting: str) -> None:

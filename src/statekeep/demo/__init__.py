@@ -28,6 +28,7 @@ from typing import IO, Any
 from rich.console import Console
 from rich.table import Table
 
+from statekeep._redact import redact_url
 from statekeep.config import Settings
 from statekeep.demo import crm
 from statekeep.workflow import RunStatus, WorkflowStore
@@ -80,7 +81,7 @@ class Demo:
         self.home.mkdir(parents=True, exist_ok=True)
         marker.write_text("made by `statekeep demo`; deleted and remade by the next demo\n")
         c.print(
-            f"SQL stores: [cyan]{_redact(self.settings.database_url)}[/]   "
+            f"SQL stores: [cyan]{redact_url(self.settings.database_url)}[/]   "
             f"memory: [cyan]{self.settings.memory_url}[/]"
         )
         rt = crm.build_runtime(self.settings)
@@ -190,7 +191,7 @@ class Demo:
         steps, calls = self.store.steps(self.run_id), self.store.tool_calls(self.run_id)
         approvals = self.store.approvals(status=None, run_id=self.run_id)
         table = Table("what", "where", "saved", title="What was saved where")
-        db = _redact(self.settings.database_url)
+        db = redact_url(self.settings.database_url)
         rt = crm.build_runtime(self.settings)
         try:
             events = rt.context.last_seq(self.run_id)
@@ -289,12 +290,6 @@ def _kwargs(args: dict[str, Any]) -> str:
     parts = [repr(a) for a in args.get("args", [])]
     parts += [f"{k}={v!r}" for k, v in args.get("kwargs", {}).items()]
     return ", ".join(parts)
-
-
-def _redact(url: str) -> str:
-    from statekeep.errors import _redact as redact
-
-    return redact(url)
 
 
 __all__ = ["Demo", "run"]
