@@ -168,6 +168,8 @@ def test_bad_decisions_are_refused_and_write_nothing(
         engine.store.decide(ask.approval_id, approve=True, by="alice", comment="ok\x00")
     with pytest.raises(InvalidInputError, match="by"):
         engine.store.decide(ask.approval_id, approve=True, by="x" * 256)
+    with pytest.raises(InvalidInputError, match="by"):
+        engine.store.decide(ask.approval_id, approve=True, by="   ")
     with pytest.raises(InvalidInputError, match="approval_id"):
         engine.store.approval("\ud800")
     with pytest.raises(InvalidInputError, match="run_id"):

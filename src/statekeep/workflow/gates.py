@@ -80,11 +80,12 @@ class GateStore:
             InvalidInputError: a bad id, ``by`` empty, ``approve`` not a bool, ``comment``
                 not storable text, or ``result`` not JSON; nothing was written.
             ApprovalNotFoundError: no such approval.
-            ApprovalDecidedError: the approval was already decided (or expired).
-            ApprovalExpiredError: the approval expired; it is recorded as expired and fails closed.
+            ApprovalDecidedError: the approval was already decided or withdrawn.
+            ApprovalExpiredError: the approval expired (now or before); it is recorded as
+                expired and fails closed.
         """
         check_id(approval_id, "approval_id")
-        if not isinstance(by, str) or not by:
+        if not isinstance(by, str) or not by.strip():
             raise InvalidInputError("must name who decides", field="by")
         check_id(by, "by")
         if not isinstance(approve, bool):
@@ -108,6 +109,8 @@ class GateStore:
                 approvals.c.approval_id == approval_id, approvals.c.status == "pending"
             )
             if conn.execute(q.values(values)).rowcount != 1:
+                if current.status == "expired":  # by an earlier attempt, or a worker's resume
+                    raise ApprovalExpiredError(approval_id, current.action, "expired before a decision")
                 raise ApprovalDecidedError(approval_id, current.status)
             wake(conn, current.run_id, _WAITS_ON_PERSON)
             decided = _get(conn, approval_id)
