@@ -124,13 +124,16 @@ def _approval_indexes(db: Database) -> set[str]:
 
 def test_workflow_2_drops_the_redundant_approvals_index_of_a_version_1_database(db: Database) -> None:
     """A database made by version 1 (with its index on run_id alone) upgrades; a new one never had it."""
-    old_index = "ix_statekeep_workflow_approvals_run_id"
     upgrade(db, "workflow", workflow_tables.SCHEMA, workflow_tables.MIGRATIONS[:1])
-    with db.begin() as conn:  # what version 1 created, before its table definition changed
-        stand_in = sa.Table(
-            "approvals", sa.MetaData(schema=workflow_tables.SCHEMA), sa.Column("run_id", sa.String(255))
-        )
-        sa.Index(old_index, stand_in.c.run_id).create(conn)
+    version_1 = sa.Table(  # the column as version 1 declared it: SQLAlchemy names its index
+        "approvals",
+        sa.MetaData(schema=workflow_tables.SCHEMA),
+        sa.Column("run_id", sa.String(255), nullable=False, index=True),
+    )
+    (index,) = version_1.indexes
+    with db.begin() as conn:
+        index.create(conn)
+    old_index = str(index.name)
     assert old_index in _approval_indexes(db)
 
     workflow_tables.setup(db)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -14,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.engine import make_url
 
 from statekeep.errors import ConfigError, InvalidInputError
 from statekeep.workflow import Engine, Registry, RunContext, RunStatus, WorkflowStore
@@ -130,6 +133,11 @@ def test_without_a_valid_token_nothing_is_shown_or_decided(setup: tuple[Engine, 
             response = client.request(method, path, headers=headers, json={"approve": True})
             assert response.status_code == 401, (headers, path)
             assert response.headers["www-authenticate"] == "Bearer"
+            assert response.json()["error"] == "Unauthorized"
+        broken = client.post(decision, content=b"{not json", headers=headers)
+        assert broken.status_code == 401  # a stranger's bad body is not even read
+    for path in ("/docs", "/redoc", "/openapi.json"):  # no unauthenticated schema either
+        assert client.get(path).status_code == 404
     assert client.get("/health").json() == {"ok": True}
     assert engine.store.approval(ask.approval_id).status == "pending"
 
@@ -144,12 +152,18 @@ def test_the_decider_cannot_be_named_in_the_body_and_bad_input_is_422(
     for body in (
         {"approve": True, "by": "mallory"},
         {"approve": "maybe"},
+        {"approve": "yes"},
+        {"approve": "true"},
+        {"approve": 1},
         {},
         {"approve": True, "comment": "ok\x00"},
         {"approve": True, "result": float("inf")},
     ):
         response = client.post(decision, content=json.dumps(body), headers=auth(ALICE))
         assert response.status_code == 422, (body, response.text)
+        assert response.json()["error"] == "InvalidInputError", response.text
+    broken = client.post(decision, content=b"{not json", headers=auth(ALICE))
+    assert (broken.status_code, broken.json()["error"]) == (422, "InvalidInputError")
     assert client.get("/approvals/a%00b", headers=auth(ALICE)).status_code == 422
     assert client.get("/approvals?status=maybe", headers=auth(ALICE)).status_code == 422
     assert engine.store.approval(ask.approval_id).status == "pending"
@@ -158,7 +172,7 @@ def test_the_decider_cannot_be_named_in_the_body_and_bad_input_is_422(
 def test_unknown_ids_are_404_and_an_expired_approval_is_410(
     make_engine: EngineFactory, tmp_path: Path
 ) -> None:
-    """404 names what is missing; a decision after expiry is refused and recorded as expired."""
+    """404 names what is missing; a decision after expiry is 410, however the expiry was recorded."""
     from statekeep.web import create_app
 
     engine = make_engine(refund_registry(tmp_path / "effects", expires=0.2))
@@ -168,10 +182,16 @@ def test_unknown_ids_are_404_and_an_expired_approval_is_410(
     with TestClient(create_app(engine.store, tokens=TOKENS)) as client:
         assert client.get("/approvals/nope", headers=auth(ALICE)).json()["error"] == "ApprovalNotFoundError"
         assert client.get("/runs/ghost", headers=auth(ALICE)).status_code == 404
-        late = client.post(
-            f"/approvals/{ask.approval_id}/decision", json={"approve": True}, headers=auth(ALICE)
-        )
-        assert late.status_code == 410
+        decision = f"/approvals/{ask.approval_id}/decision"
+        for _ in range(2):  # the first records the expiry, the second finds it: 410 both times
+            late = client.post(decision, json={"approve": True}, headers=auth(ALICE))
+            assert (late.status_code, late.json()["error"]) == (410, "ApprovalExpiredError")
+        engine.run(engine.registry.get("refund", 1), "r2", "o-2")
+        (ask2,) = engine.store.approvals()
+        time.sleep(0.3)
+        assert engine.resume("r2").status is RunStatus.FAILED  # the worker side records the expiry
+        decision2 = f"/approvals/{ask2.approval_id}/decision"
+        assert client.post(decision2, json={"approve": True}, headers=auth(ALICE)).status_code == 410
     assert engine.store.approval(ask.approval_id).status == "expired"
     assert lines(tmp_path / "effects") == []
 
@@ -184,6 +204,10 @@ def test_unknown_ids_are_404_and_an_expired_approval_is_410(
         ({"alice": "short"}, "at least 16"),
         ({"alice": 12345678901234567}, "at least 16"),
         ({"alice": ALICE, "bob": ALICE}, "share a token"),
+        ({"alice": "jeton-secret-à-moi-0123"}, "printable ASCII"),
+        ({"alice": "token with spaces 0123"}, "printable ASCII"),
+        ({"al\x00ice": ALICE}, "NUL"),
+        ({"a" * 256: ALICE}, "at most 255"),
     ],
 )
 def test_bad_token_settings_are_refused(sqlite_url: str, tokens: Any, message: str) -> None:
@@ -238,9 +262,10 @@ def test_statekeep_serve_decides_over_real_http(database_url: str, tmp_path: Pat
                 if httpx.get(f"{base}/health").status_code == 200:
                     break
             except httpx.TransportError:
-                assert server.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.1)
+                pass
+            assert server.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
         (ask,) = httpx.get(f"{base}/approvals", headers=auth(ALICE)).json()
         decided = httpx.post(
             f"{base}/approvals/{ask['approval_id']}/decision", json={"approve": True}, headers=auth(ALICE)
@@ -272,3 +297,42 @@ def test_statekeep_serve_refuses_a_bad_tokens_file_in_one_line(sqlite_url: str, 
         assert out.returncode == 1, (name, out.stderr)
         assert out.stderr.startswith("error: "), (name, out.stderr)
         assert len(out.stderr.strip().splitlines()) == 1, (name, out.stderr)
+
+
+def test_a_database_failure_is_503_and_the_answer_names_no_database(
+    postgres_url: str, postgres_admin_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database vanishes under the app: 503 with a fixed text; the details, redacted, go to the log."""
+    from statekeep.web import create_app
+
+    store = WorkflowStore(postgres_url)
+    name = str(make_url(postgres_url).database)
+    with TestClient(create_app(store, tokens=TOKENS)) as client:
+        assert client.get("/approvals", headers=auth(ALICE)).json() == []
+        with psycopg.connect(postgres_admin_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        with caplog.at_level(logging.ERROR, logger="statekeep.web"):
+            failed = client.get("/approvals", headers=auth(ALICE))
+    assert (failed.status_code, failed.json()["error"]) == (503, "StorageError")
+    assert name not in failed.text
+    assert "server log" in failed.json()["detail"]
+    assert name in caplog.text  # the operator learns which database failed
+    store.db.dispose()
+
+
+def test_passwords_in_database_urls_never_reach_a_message() -> None:
+    """In the user part or in the query (password=, sslpassword=), a URL's secret prints as ***."""
+    from statekeep.db import Database
+
+    url = (
+        "postgresql+psycopg://svc:hunter2@127.0.0.1:1/prod?connect_timeout=1&password=S3CRET&sslpassword=k3y"
+    )
+    shown = repr(Database(url))
+    assert "hunter2" not in shown
+    assert "S3CRET" not in shown
+    assert "k3y" not in shown
+    assert "svc:***@127.0.0.1:1/prod" in shown
+    with pytest.raises(ConfigError) as failed:
+        Database(url).check()
+    assert "S3CRET" not in str(failed.value)
+    assert "hunter2" not in str(failed.value)

@@ -9,11 +9,16 @@ pool, so the blocking store calls never stall the event loop.
 
 # No ``from __future__ import annotations``: FastAPI reads the endpoints' annotations,
 # which name dependencies local to create_app.
+import hashlib
 import hmac
+import logging
+import re
 from collections.abc import Mapping
 from datetime import datetime
+from http import HTTPStatus
 from typing import Annotated, Any, Literal, Self
 
+from statekeep._text import check_id
 from statekeep.errors import (
     ApprovalDecidedError,
     ApprovalExpiredError,
@@ -28,13 +33,20 @@ from statekeep.workflow import Approval, Run, WorkflowStore
 
 try:
     from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
-    from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-    from pydantic import BaseModel, ConfigDict, Field
+    from pydantic import BaseModel, ConfigDict, Field, StrictBool
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError("statekeep[web]", "the approval webhook") from exc
 
 MIN_TOKEN_LENGTH = 16
+_TOKEN = re.compile(rf"[!-~]{{{MIN_TOKEN_LENGTH},}}")
+_NEED_TOKEN = "a valid bearer token is required"
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+_UNAVAILABLE = "the database failed or cannot be reached; the server log says more"
+_FAILED = "the request failed; the server log says more"
+log = logging.getLogger("statekeep.web")
 
 #: HTTP status for each statekeep error a request can meet; anything else is a 500.
 _STATUS: list[tuple[type[StatekeepError], int]] = [
@@ -51,7 +63,7 @@ class Decision(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    approve: bool
+    approve: StrictBool
     comment: str | None = Field(default=None, max_length=10_000)
     result: Any = Field(
         default=None,
@@ -124,16 +136,22 @@ class RunOut(BaseModel):
 
 
 def _check_tokens(tokens: Mapping[str, str]) -> dict[str, str]:
-    """Identity -> token, validated: every identity named, every token long and distinct."""
+    """Identity -> token, validated: every identity storable, every token long, printable and distinct."""
     if not isinstance(tokens, Mapping) or not tokens:
         raise ConfigError("tokens", "{}", "name at least one person and their token")
     checked: dict[str, str] = {}
     for identity, token in tokens.items():
-        if not isinstance(identity, str) or not identity.strip():
-            raise ConfigError("tokens", repr(identity), "an identity must be a non-empty string")
-        if not isinstance(token, str) or len(token) < MIN_TOKEN_LENGTH:
+        try:
+            if not isinstance(identity, str) or not identity.strip():
+                raise InvalidInputError("must be a non-empty string")
+            check_id(identity, "identity")
+        except InvalidInputError as exc:
+            raise ConfigError("tokens", repr(identity), f"an identity {exc}") from None
+        if not isinstance(token, str) or not _TOKEN.fullmatch(token):
             raise ConfigError(
-                "tokens", identity, f"the token must be a string of at least {MIN_TOKEN_LENGTH} characters"
+                "tokens",
+                identity,
+                f"the token must be at least {MIN_TOKEN_LENGTH} printable ASCII characters, no spaces",
             )
         checked[identity] = token
     if len(set(checked.values())) != len(checked):
@@ -141,35 +159,73 @@ def _check_tokens(tokens: Mapping[str, str]) -> dict[str, str]:
     return checked
 
 
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("latin-1", "replace")).digest()
+
+
+def _error(status: int, error: str, detail: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=dict(headers or {}))
+
+
 def create_app(store: WorkflowStore, *, tokens: Mapping[str, str]) -> FastAPI:
     """The webhook over ``store``; ``tokens`` maps each person's identity to their bearer token.
 
+    Any token holder may list, read and decide every approval of the store: give
+    tokens to the people who may decide, and run one app per store.
+
     Raises:
-        ConfigError: no identities, an empty identity, or a short or shared token.
+        ConfigError: no identities; an identity that is empty or not storable; a token
+            shorter than 16 characters, not printable ASCII, or shared.
     """
     if not isinstance(store, WorkflowStore):
         raise InvalidInputError("must be a WorkflowStore", field="store")
-    by_token = [(token.encode(), identity) for identity, token in _check_tokens(tokens).items()]
-    bearer = HTTPBearer(auto_error=False)
+    by_digest = [(_digest(token), identity) for identity, token in _check_tokens(tokens).items()]
 
-    def caller(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
-        presented = b"" if credentials is None else credentials.credentials.encode()
+    def identify(authorization: str | None) -> str | None:
+        """The person whose token the header carries, or None."""
+        scheme, _, presented = (authorization or "").partition(" ")
+        digest = _digest(presented.strip() if scheme.lower() == "bearer" else "")
         found = None
-        for token, identity in by_token:  # every token compared: the time taken says nothing
-            if hmac.compare_digest(token, presented):
+        for known, identity in by_digest:  # fixed-length digests, every one compared: timing says nothing
+            if hmac.compare_digest(known, digest):
                 found = identity
-        if found is None:
-            raise HTTPException(401, "a valid bearer token is required", {"WWW-Authenticate": "Bearer"})
         return found
 
+    def caller(request: Request) -> str:
+        who = identify(request.headers.get("authorization"))
+        if who is None:
+            raise HTTPException(401, _NEED_TOKEN, _CHALLENGE)
+        return who
+
     Caller = Annotated[str, Depends(caller)]
-    app = FastAPI(title="statekeep approvals", version="1")
+    app = FastAPI(title="statekeep approvals", version="1", docs_url=None, redoc_url=None, openapi_url=None)
     api = APIRouter(dependencies=[Depends(caller)])
 
     @app.exception_handler(StatekeepError)
     def _statekeep_error(request: Request, exc: StatekeepError) -> JSONResponse:
         status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
-        return JSONResponse({"error": type(exc).__name__, "detail": str(exc)}, status_code=status)
+        if status >= 500:  # the message may name the database; it goes to the log, not the client
+            log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
+            return _error(status, type(exc).__name__, _UNAVAILABLE if status == 503 else _FAILED)
+        return _error(status, type(exc).__name__, str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, HTTPStatus(exc.status_code).phrase, str(exc.detail), exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if identify(request.headers.get("authorization")) is None:  # a stranger learns nothing
+            return _error(
+                401, "Unauthorized", "a valid bearer token is required", {"WWW-Authenticate": "Bearer"}
+            )
+        detail = "; ".join(".".join(str(p) for p in e["loc"]) + f": {e['msg']}" for e in exc.errors())
+        return _error(422, "InvalidInputError", detail)
+
+    @app.exception_handler(Exception)
+    def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return _error(500, type(exc).__name__, _FAILED)
 
     @app.get("/health")
     def health() -> dict[str, bool]:
