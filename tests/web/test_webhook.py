@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import make_url
 
 from statekeep.errors import ConfigError, InvalidInputError
-from statekeep.workflow import Engine, Registry, RunContext, RunStatus, WorkflowStore
-from tests.workflow.conftest import EngineFactory, append, lines
+from statekeep.workflow import Engine, Registry, RunStatus, WorkflowStore
+from tests.workflow.conftest import EngineFactory, lines
+from tests.workflow.test_approvals import refund_registry as approvals_registry
 
 ROOT = Path(__file__).resolve().parents[2]
 ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789ab"
@@ -30,21 +30,10 @@ TOKENS = {"alice@example.com": ALICE, "bob@example.com": BOB}
 
 
 def refund_registry(effects: Path, expires: float | None = None) -> Registry:
-    registry = Registry()
-
-    @registry.tool("refund")
-    def refund(key: str, order: str, amount: int) -> dict[str, Any]:
-        append(effects, f"{key} {order} {amount}")
-        return {"refunded": amount}
-
-    @registry.workflow("refund", version=1)
-    def flow(ctx: RunContext, order: str) -> Any:
-        expires_in = None if expires is None else timedelta(seconds=expires)
-        return ctx.call_tool(
-            refund.requiring_approval("refunds need a person", expires_in=expires_in), order, 120
-        )
-
-    return registry
+    """The approvals tests' gated refund, of 120."""
+    amount = effects.with_name("amount")
+    amount.write_text("120")
+    return approvals_registry(effects, amount, expires)
 
 
 @pytest.fixture
@@ -86,7 +75,7 @@ def test_a_decision_over_http_is_recorded_once_as_the_token_holder(
     assert (decided.json()["status"], decided.json()["decided_by"]) == ("approved", "bob@example.com")
     assert client.get("/runs/r", headers=auth(ALICE)).json()["status"] == "pending"  # runnable again
     assert engine.resume("r").status is RunStatus.COMPLETED
-    assert lines(effects) == ["r/1/0 o-1 120"]
+    assert lines(effects) == ["r/2/0 o-1 120"]
 
     again = client.post(
         f"/approvals/{ask['approval_id']}/decision", json={"approve": False}, headers=auth(ALICE)
@@ -98,7 +87,7 @@ def test_a_decision_over_http_is_recorded_once_as_the_token_holder(
     assert [a["status"] for a in client.get("/approvals?status=all", headers=auth(ALICE)).json()] == [
         "approved"
     ]
-    assert lines(effects) == ["r/1/0 o-1 120"]
+    assert lines(effects) == ["r/2/0 o-1 120"]
 
 
 def test_a_rejection_over_http_means_the_action_never_runs(setup: tuple[Engine, TestClient, Path]) -> None:
@@ -275,7 +264,7 @@ def test_statekeep_serve_decides_over_real_http(database_url: str, tmp_path: Pat
         server.terminate()
         server.wait(timeout=30)
     assert engine.resume("r").status is RunStatus.COMPLETED
-    assert lines(effects) == ["r/1/0 o-1 120"]
+    assert lines(effects) == ["r/2/0 o-1 120"]
     engine.store.db.dispose()
 
 

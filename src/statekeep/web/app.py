@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from datetime import datetime
 from http import HTTPStatus
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal
 
 from statekeep._text import check_id
 from statekeep.errors import (
@@ -29,7 +29,7 @@ from statekeep.errors import (
     StatekeepError,
     StorageError,
 )
-from statekeep.workflow import Approval, Run, WorkflowStore
+from statekeep.workflow import RunStatus, WorkflowStore
 
 try:
     from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
@@ -72,7 +72,9 @@ class Decision(BaseModel):
 
 
 class ApprovalOut(BaseModel):
-    """An approval as the webhook shows it."""
+    """An approval as the webhook shows it (read from a :class:`~statekeep.workflow.Approval`)."""
+
+    model_config = ConfigDict(from_attributes=True)
 
     approval_id: str
     run_id: str
@@ -88,51 +90,21 @@ class ApprovalOut(BaseModel):
     comment: str | None
     result: Any
 
-    @classmethod
-    def of(cls, a: Approval) -> Self:
-        return cls(
-            approval_id=a.approval_id,
-            run_id=a.run_id,
-            kind=a.kind,
-            action=a.action,
-            args=a.args,
-            reason=a.reason,
-            status=a.status,
-            created_at=a.created_at,
-            expires_at=a.expires_at,
-            decided_by=a.decided_by,
-            decided_at=a.decided_at,
-            comment=a.comment,
-            result=a.result,
-        )
-
 
 class RunOut(BaseModel):
     """A run's progress: enough to see whether it waits, runs or finished, and why."""
 
+    model_config = ConfigDict(from_attributes=True)
+
     run_id: str
     workflow: str
     version: int
-    status: str
+    status: RunStatus
     error: str | None
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
     waiting: dict[str, Any] | None
-
-    @classmethod
-    def of(cls, r: Run) -> Self:
-        return cls(
-            run_id=r.run_id,
-            workflow=r.workflow,
-            version=r.version,
-            status=r.status.value,
-            error=r.error,
-            created_at=r.created_at,
-            updated_at=r.updated_at,
-            finished_at=r.finished_at,
-            waiting=r.waiting,
-        )
 
 
 def _check_tokens(tokens: Mapping[str, str]) -> dict[str, str]:
@@ -245,12 +217,12 @@ def create_app(store: WorkflowStore, *, tokens: Mapping[str, str]) -> FastAPI:
         found = store.approvals(
             status=None if status == "all" else status, run_id=run_id, kind=kind, action=action
         )
-        return [ApprovalOut.of(a) for a in found]
+        return [ApprovalOut.model_validate(a) for a in found]
 
     @api.get("/approvals/{approval_id}")
     def get_approval(approval_id: str) -> ApprovalOut:
         """One approval, decided or not."""
-        return ApprovalOut.of(store.approval(approval_id))
+        return ApprovalOut.model_validate(store.approval(approval_id))
 
     @api.post("/approvals/{approval_id}/decision")
     def decide(approval_id: str, decision: Decision, who: Caller) -> ApprovalOut:
@@ -262,12 +234,12 @@ def create_app(store: WorkflowStore, *, tokens: Mapping[str, str]) -> FastAPI:
             comment=decision.comment,
             result=decision.result,
         )
-        return ApprovalOut.of(decided)
+        return ApprovalOut.model_validate(decided)
 
     @api.get("/runs/{run_id}")
     def get_run(run_id: str) -> RunOut:
         """A run's status, so a caller can follow what its decision set going."""
-        return RunOut.of(store.get(run_id))
+        return RunOut.model_validate(store.get(run_id))
 
     app.include_router(api)
     return app
