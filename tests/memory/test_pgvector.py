@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg
@@ -10,9 +11,10 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from statekeep.db import Database
-from statekeep.errors import ConfigError
+from statekeep.errors import ConfigError, MemoryNotFoundError
 from statekeep.memory import FakeEmbedder, SentenceTransformerEmbedder
 from statekeep.memory.pgvector import PgVectorMemoryStore
+from tests.memory.test_conformance import Clock
 
 
 def libpq(url: str, **changes: str) -> str:
@@ -95,6 +97,29 @@ def test_row_level_security_refuses_other_owners_rows_to_a_plain_role(postgres_u
             raw.execute("SELECT * FROM statekeep_memory.memories_p0")
     assert admin.get("bob", bob.id).content == "bob's secret"
     assert worker.forget("bob").removed == 1  # the worker role can still erase (VACUUM FULL via MAINTAIN)
+    worker.close()
+    admin.close()
+
+
+def test_work_across_owners_refuses_a_role_that_row_level_security_confines(postgres_url: str) -> None:
+    """purge_expired and reembed as a plain role would see no rows and report 0: a ConfigError instead."""
+    clock = Clock()
+    admin = PgVectorMemoryStore(postgres_url, FakeEmbedder(), clock=clock)
+    role = f"worker_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw' NOSUPERUSER NOBYPASSRLS")
+    admin.grant(role)
+    worker_url = make_url(postgres_url).set(username=role, password="pw").render_as_string(False)
+    worker = PgVectorMemoryStore(worker_url, FakeEmbedder(), clock=clock)
+    gone = worker.remember("alice", "in a meeting until noon", ttl=timedelta(hours=1))
+    clock.now += timedelta(hours=2)
+    with pytest.raises(ConfigError, match=rf"purge_expired .* confines role '{role}'"):
+        worker.purge_expired()
+    with pytest.raises(ConfigError, match="reembed"):
+        worker.reembed()
+    assert admin.purge_expired() == 1  # the tables' owner sees every owner's rows
+    with pytest.raises(MemoryNotFoundError):
+        admin.get("alice", gone.id)
     worker.close()
     admin.close()
 

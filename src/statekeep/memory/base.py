@@ -365,7 +365,12 @@ class MemoryStore(ABC):
         )
 
     def purge_expired(self) -> int:
-        """Erase every expired memory of every owner; return how many were removed."""
+        """Erase every expired memory of every owner; return how many were removed.
+
+        Raises:
+            ConfigError: on pgvector, the role is one that row-level security confines
+                to a single owner; run it as the tables' owner.
+        """
         return self._purge(self.now())
 
     # --- re-embedding --------------------------------------------------------------------
@@ -379,6 +384,10 @@ class MemoryStore(ABC):
 
         Returns:
             How many memories were re-embedded.
+
+        Raises:
+            ConfigError: on pgvector, the role is one that row-level security confines
+                to a single owner; run it as the tables' owner.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidInputError("must be an int >= 1", field="batch_size")

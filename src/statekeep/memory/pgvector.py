@@ -236,9 +236,26 @@ class PgVectorMemoryStore(base.MemoryStore):
             reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
             raise ErasureError(owner, "VACUUM FULL", reason) from exc
 
+    def _sees_every_owner(self, conn: Connection, what: str) -> None:
+        """Refuse to work across owners as a role that row-level security confines.
+
+        Such a role sees no rows without an owner set: purging or re-embedding
+        would find nothing and report 0, and expired memories would stay.
+        """
+        confined = conn.execute(sa.text("SELECT row_security_active(CAST(:t AS regclass))"), {"t": q.TABLE})
+        if confined.scalar():
+            role = conn.execute(sa.text("SELECT current_user")).scalar()
+            raise ConfigError(
+                self.db.setting,
+                str(self.db.url),
+                f"{what} works across owners, and row-level security confines role {role!r} to one; "
+                "run it as the role that owns the memory tables (or one with BYPASSRLS)",
+            )
+
     def _purge(self, now: datetime) -> int:
         sql = f"DELETE FROM {q.TABLE} WHERE expires_us <= :now_us RETURNING tableoid::regclass::text AS part"
         with self.db.begin() as conn:
+            self._sees_every_owner(conn, "purge_expired")
             parts = [r.part for r in conn.execute(sa.text(sql), {"now_us": to_us(now)})]
         if parts:
             self._rewrite(sorted(set(parts)), "(expired)")
@@ -248,6 +265,7 @@ class PgVectorMemoryStore(base.MemoryStore):
 
     def _count_stale(self, model: str) -> int:
         with self.db.read() as conn:
+            self._sees_every_owner(conn, "reembed")
             sql = f"SELECT count(*) FROM {q.TABLE} WHERE model <> :m"
             return int(conn.execute(sa.text(sql), {"m": model}).scalar_one())
 
