@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from statekeep._numbers import check_int, check_seconds
+from statekeep.errors import InvalidInputError
+
 
 class RunStatus(enum.StrEnum):
     """Where a run is. Only ``running`` needs a live process; every other state is a row."""
@@ -144,6 +147,17 @@ class RetryPolicy:
     backoff: float = 0.0
     factor: float = 2.0
     max_backoff: float = 60.0
+
+    def __post_init__(self) -> None:
+        check_int(self.attempts, "attempts", minimum=1, maximum=1_000)
+        check_seconds(self.backoff, "backoff")
+        check_seconds(self.max_backoff, "max_backoff")
+        if (
+            isinstance(self.factor, bool)
+            or not isinstance(self.factor, int | float)
+            or not 1 <= self.factor <= 100
+        ):
+            raise InvalidInputError("must be a number from 1 to 100", field="factor")
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""

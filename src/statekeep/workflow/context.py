@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 import pydantic
 
+from statekeep._text import check_id
 from statekeep.errors import (
     ConfigError,
     InvalidInputError,
@@ -197,10 +198,7 @@ class RunContext:
     # --- the shared core ------------------------------------------------------------------
 
     def _position(self, name: str, kind: str) -> tuple[int, StepRecord | None]:
-        if not isinstance(name, str) or not name or len(name) > 255:
-            raise InvalidInputError(
-                f"{kind} name must be a non-empty string of at most 255 characters", field="name"
-            )
+        check_id(name, f"{kind} name")
         self._seq += 1
         recorded = self._journal.get(self._seq)
         if recorded is not None and (recorded.name, recorded.kind) != (name, kind):

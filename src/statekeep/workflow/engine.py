@@ -15,6 +15,8 @@ import pydantic
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from statekeep._numbers import check_seconds
+from statekeep._text import check_id
 from statekeep.db import Database
 from statekeep.db.engine import storage_error
 from statekeep.errors import (
@@ -71,8 +73,11 @@ class Engine:
         owner: str | None = None,
         lease: float = 30.0,
     ) -> None:
-        if not isinstance(lease, int | float) or lease <= 0:
-            raise InvalidInputError("must be a number of seconds > 0", field="lease")
+        check_seconds(lease, "lease", positive=True)
+        if not isinstance(registry, Registry):
+            raise InvalidInputError(f"must be a Registry, not {type(registry).__name__}", field="registry")
+        if owner is not None:
+            check_id(owner, "owner")
         self.store = WorkflowStore(db)
         self.registry = registry
         self.state_store = state_store

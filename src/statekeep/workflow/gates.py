@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from statekeep._numbers import check_duration, check_int
 from statekeep._text import check_id, check_storable
 from statekeep.db import Database
 from statekeep.errors import (
@@ -27,6 +28,7 @@ from statekeep.workflow import codec
 from statekeep.workflow._types import FINISHED, Approval, RunStatus
 from statekeep.workflow.store import RunStore, now, wake
 from statekeep.workflow.tables import approvals, events, runs, steps, tool_calls
+from statekeep.working.base import check_run_id
 
 _WAITS_ON_PERSON = [RunStatus.WAITING_FOR_APPROVAL, RunStatus.NEEDS_DECISION]
 
@@ -126,8 +128,8 @@ class GateStore:
             RunNotFoundError: no such run.
             RunFinishedError: the run has finished; the event is refused.
         """
-        if not isinstance(name, str) or not name:
-            raise InvalidInputError("must be a non-empty string", field="name")
+        check_run_id(run_id)
+        check_id(name, "name")
         try:
             text = codec.to_json(payload)
         except codec.NotJSONError as exc:
@@ -170,12 +172,12 @@ class GateStore:
         """The ids :meth:`purge` would delete, without deleting anything."""
         if older_than is None and keep_last is None:
             raise InvalidInputError("give older_than, keep_last, or both", field="older_than")
-        if older_than is not None and (not isinstance(older_than, timedelta) or older_than < timedelta(0)):
-            raise InvalidInputError("must be a timedelta >= 0", field="older_than")
-        if keep_last is not None and (
-            isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0
-        ):
-            raise InvalidInputError("must be an int >= 0", field="keep_last")
+        if older_than is not None:
+            check_duration(older_than, "older_than", positive=False)
+        if keep_last is not None:
+            check_int(keep_last, "keep_last")
+        if workflow is not None:
+            check_id(workflow, "workflow")
         with self.db.read() as conn:
             return _purgeable(conn, older_than, keep_last, workflow)
 
@@ -184,6 +186,10 @@ class GateStore:
 
         Returns the number of runs deleted.
         """
+        if not isinstance(run_ids, list | tuple):
+            raise InvalidInputError("must be a list of run ids", field="run_ids")
+        for run_id in run_ids:
+            check_run_id(run_id)
         finished = [s.value for s in FINISHED]
         deleted = 0
         with self.db.begin() as conn:

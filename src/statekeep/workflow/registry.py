@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol
 
 import pydantic
 
-from statekeep._text import check_id
+from statekeep._numbers import check_duration
+from statekeep._text import check_id, check_storable
 from statekeep.errors import InvalidInputError, UnknownWorkflowError
 from statekeep.workflow._types import Reconciliation, RetryPolicy, StepRecord, ToolCall
 
@@ -70,8 +71,11 @@ class Tool(Generic[P, R]):
         Examples:
             >>> # ctx.call_tool(refund.requiring_approval("over 100 EUR"), order_id, amount)
         """
-        if not isinstance(reason, str) or not reason:
+        if not isinstance(reason, str) or not reason.strip():
             raise InvalidInputError("must say why approval is needed", field="reason")
+        check_storable(reason, "reason")
+        if expires_in is not None:
+            check_duration(expires_in, "expires_in")
         return dataclasses.replace(self, gate=Gate(reason, expires_in))
 
 
@@ -81,6 +85,11 @@ class Step:
 
     name: str
     retry: RetryPolicy | None = None
+
+    def __post_init__(self) -> None:
+        check_id(self.name, "step name")
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise InvalidInputError("must be a RetryPolicy or None", field="retry")
 
 
 class _WorkflowDecorator:

@@ -15,6 +15,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from statekeep._numbers import check_int
+from statekeep._text import check_id
 from statekeep.db import Database
 from statekeep.db.types import UTCDateTime
 from statekeep.errors import (
@@ -28,6 +30,24 @@ from statekeep.workflow import codec
 from statekeep.workflow._types import FINISHED, Checkpoint, Run, RunStatus, StepRecord, ToolCall
 from statekeep.workflow.tables import approvals, runs, setup, steps, tool_calls
 from statekeep.working.base import check_run_id
+
+#: The largest journal position: seq columns are 32-bit integers.
+MAX_SEQ = 2**31 - 1
+
+
+def _statuses(status: RunStatus | str | Iterable[RunStatus | str]) -> list[RunStatus]:
+    """One status, its name, or several, as statuses.
+
+    Raises:
+        InvalidInputError: a value that names no status.
+    """
+    given = [status] if isinstance(status, str) else status
+    try:
+        return [RunStatus(s) for s in given]
+    except (TypeError, ValueError):
+        names = ", ".join(s.value for s in RunStatus)
+        raise InvalidInputError(f"must be one or more of {names}", field="status") from None
+
 
 LIVE = [s.value for s in RunStatus if s not in FINISHED]
 
@@ -77,6 +97,7 @@ class RunStore:
 
     def find(self, run_id: str) -> Run | None:
         """The run with this id, or None."""
+        check_run_id(run_id)
         with self.db.read() as conn:
             row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).mappings().first()
         return None if row is None else codec.run_record(row)
@@ -90,22 +111,23 @@ class RunStore:
     def list_runs(
         self,
         *,
-        status: RunStatus | Iterable[RunStatus] | None = None,
+        status: RunStatus | str | Iterable[RunStatus | str] | None = None,
         workflow: str | None = None,
         parent_id: str | None = None,
         limit: int = 1000,
     ) -> list[Run]:
-        """Runs filtered by status, workflow name or parent, oldest first."""
-        if not isinstance(limit, int) or limit < 1:
-            raise InvalidInputError("must be an int >= 1", field="limit")
-        q = sa.select(runs).order_by(runs.c.created_at, runs.c.run_id).limit(limit)
+        """Runs filtered by status (a status, its name, or several), workflow name or parent, oldest first."""
+        q = (
+            sa.select(runs)
+            .order_by(runs.c.created_at, runs.c.run_id)
+            .limit(check_int(limit, "limit", minimum=1))
+        )
         if status is not None:
-            wanted = [status] if isinstance(status, RunStatus) else list(status)
-            q = q.where(runs.c.status.in_([s.value for s in wanted]))
+            q = q.where(runs.c.status.in_([s.value for s in _statuses(status)]))
         if workflow is not None:
-            q = q.where(runs.c.workflow == workflow)
+            q = q.where(runs.c.workflow == check_id(workflow, "workflow"))
         if parent_id is not None:
-            q = q.where(runs.c.parent_id == parent_id)
+            q = q.where(runs.c.parent_id == check_run_id(parent_id))
         with self.db.read() as conn:
             return [codec.run_record(r) for r in conn.execute(q).mappings()]
 
@@ -121,6 +143,7 @@ class RunStore:
             RunNotFoundError: no such run.
             RunFinishedError: the run has already finished.
         """
+        check_run_id(run_id)
         with self.db.begin() as conn:
             run = self._get(conn, run_id)
             if run.status.finished:
@@ -203,9 +226,13 @@ class RunStore:
 
     def journal(self, run_id: str, start: int, size: int) -> list[StepRecord]:
         """Journal entries ``start <= seq < start + size`` of a run, in order."""
+        check_run_id(run_id)
+        check_int(start, "start", maximum=MAX_SEQ)
+        check_int(size, "size", maximum=MAX_SEQ)
+        last = min(start + size - 1, MAX_SEQ)  # bound inside the 32-bit column's range
         q = (
             sa.select(steps)
-            .where(steps.c.run_id == run_id, steps.c.seq >= start, steps.c.seq < start + size)
+            .where(steps.c.run_id == run_id, steps.c.seq >= start, steps.c.seq <= last)
             .order_by(steps.c.seq)
         )
         with self.db.read() as conn:
@@ -213,16 +240,19 @@ class RunStore:
 
     def steps(self, run_id: str) -> list[StepRecord]:
         """Every journal entry of a run, in order."""
-        return self.journal(run_id, 1, 2**31 - 2)
+        return self.journal(run_id, 1, MAX_SEQ)
 
     def tool_calls(self, run_id: str) -> list[ToolCall]:
         """Every ledger entry of a run, in order."""
+        check_run_id(run_id)
         q = sa.select(tool_calls).where(tool_calls.c.run_id == run_id).order_by(tool_calls.c.seq)
         with self.db.read() as conn:
             return [codec.tool_call_record(r) for r in conn.execute(q).mappings()]
 
     def tool_call(self, run_id: str, seq: int) -> ToolCall | None:
         """The ledger entry at a journal position, or None."""
+        check_run_id(run_id)
+        check_int(seq, "seq", maximum=MAX_SEQ)
         q = sa.select(tool_calls).where(tool_calls.c.run_id == run_id, tool_calls.c.seq == seq)
         with self.db.read() as conn:
             row = conn.execute(q).mappings().first()

@@ -10,6 +10,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from statekeep._numbers import check_seconds
 from statekeep.errors import ChildRunFailedError, InvalidInputError, Suspended
 from statekeep.workflow import codec, gates, store
 from statekeep.workflow._types import RunStatus
@@ -23,8 +24,10 @@ def sleep(ctx: RunContext, name: str, seconds: float | None, until: datetime | N
     """Park the run as ``sleeping`` until the due time; a no-op once it has passed."""
     if (seconds is None) == (until is None):
         raise InvalidInputError("give exactly one of seconds or until", field="seconds")
-    if until is not None and until.tzinfo is None:
-        raise InvalidInputError("must be timezone-aware", field="until")
+    if seconds is not None:
+        check_seconds(seconds, "seconds")
+    if until is not None and (not isinstance(until, datetime) or until.tzinfo is None):
+        raise InvalidInputError("must be a timezone-aware datetime", field="until")
     seq, recorded = ctx._position(name, "sleep")
     if recorded is not None:
         return
@@ -40,8 +43,8 @@ def sleep(ctx: RunContext, name: str, seconds: float | None, until: datetime | N
 
 def wait_for_event(ctx: RunContext, name: str, timeout: float | None, default: Any) -> Any:
     """Consume the next event ``name`` sent to the run, waiting durably until it arrives or times out."""
-    if timeout is not None and (not isinstance(timeout, int | float) or timeout < 0):
-        raise InvalidInputError("must be a number of seconds >= 0, or None", field="timeout")
+    if timeout is not None:
+        check_seconds(timeout, "timeout")
     seq, recorded = ctx._position(name, "event")
     if recorded is not None:
         value = recorded.value

@@ -8,6 +8,7 @@ import time
 
 import sqlalchemy as sa
 
+from statekeep._numbers import check_int, check_seconds
 from statekeep.errors import InvalidInputError, LeaseLostError, StatekeepError
 from statekeep.workflow.engine import Engine
 
@@ -26,10 +27,11 @@ class Worker:
     """
 
     def __init__(self, engine: Engine, *, poll: float = 0.05, max_poll: float = 2.0, batch: int = 1) -> None:
-        if poll <= 0 or max_poll < poll:
+        if not isinstance(engine, Engine):
+            raise InvalidInputError(f"must be an Engine, not {type(engine).__name__}", field="engine")
+        if check_seconds(poll, "poll", positive=True) > check_seconds(max_poll, "max_poll", positive=True):
             raise InvalidInputError("need 0 < poll <= max_poll", field="poll")
-        if not isinstance(batch, int) or batch < 1:
-            raise InvalidInputError("must be an int >= 1", field="batch")
+        check_int(batch, "batch", minimum=1, maximum=10_000)
         self.engine, self.poll, self.max_poll, self.batch = engine, poll, max_poll, batch
 
     def run_once(self) -> int:

@@ -1,0 +1,146 @@
+"""Bad input to the workflow store and to ctx.* inside a run: InvalidInputError naming the field.
+
+Found by probing every entry point with wrong types, NaN, huge numbers, NUL and
+lone surrogates: each used to escape as TypeError, OverflowError, AttributeError
+or UnicodeEncodeError, or to be stored and fail the run later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from statekeep.errors import InvalidInputError
+from statekeep.workflow import Engine, Registry, RetryPolicy, RunContext, RunStatus, Step, Worker
+
+from .conftest import EngineFactory
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda s: s.find("\ud800"), "run_id"),
+        (lambda s: s.find(None), "run_id"),
+        (lambda s: s.cancel("a\x00b"), "run_id"),
+        (lambda s: s.steps(5), "run_id"),
+        (lambda s: s.tool_calls("\ud800"), "run_id"),
+        (lambda s: s.tool_call("r", 2**40), "seq"),
+        (lambda s: s.journal("r", "3", 10), "start"),
+        (lambda s: s.journal("r", 1, None), "size"),
+        (lambda s: s.list_runs(status="sleepy"), "status"),
+        (lambda s: s.list_runs(status=5), "status"),
+        (lambda s: s.list_runs(workflow="\ud800"), "workflow"),
+        (lambda s: s.list_runs(parent_id="a\x00"), "run_id"),
+        (lambda s: s.list_runs(limit=10**30), "limit"),
+        (lambda s: s.list_runs(limit=True), "limit"),
+        (lambda s: s.send_event("r", "x" * 300), "name"),
+        (lambda s: s.send_event("r", "a\x00b"), "name"),
+        (lambda s: s.send_event("\ud800", "go"), "run_id"),
+        (lambda s: s.purge(older_than=timedelta.max), "older_than"),
+        (lambda s: s.purge(older_than=5), "older_than"),
+        (lambda s: s.purge(keep_last=-1), "keep_last"),
+        (lambda s: s.purge(keep_last=1, workflow="\ud800"), "workflow"),
+        (lambda s: s.delete_runs("run-1"), "run_ids"),
+    ],
+)
+def test_store_calls_refuse_bad_arguments(
+    make_engine: EngineFactory, call: Callable[[Any], Any], field: str
+) -> None:
+    engine = make_engine(Registry())
+    with pytest.raises(InvalidInputError, match=field):
+        call(engine.store)
+
+
+def test_store_filters_take_status_names(make_engine: EngineFactory) -> None:
+    """list_runs(status=...) takes a status, its name, or several of either."""
+    registry = Registry()
+
+    @registry.workflow("noop", version=1)
+    def noop(ctx: RunContext) -> int:
+        return 1
+
+    engine = make_engine(registry)
+    engine.run(noop, "done")
+    engine.start(noop, "waiting")
+    assert [r.run_id for r in engine.store.list_runs(status="completed")] == ["done"]
+    assert [r.run_id for r in engine.store.list_runs(status=["pending", RunStatus.COMPLETED])] == [
+        "done",
+        "waiting",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda e: Engine(e.store.db, Registry(), lease=NAN), "lease"),
+        (lambda e: Engine(e.store.db, Registry(), lease=10**30), "lease"),
+        (lambda e: Engine(e.store.db, None), "registry"),  # type: ignore[arg-type]
+        (lambda e: Worker(e, poll=NAN), "poll"),
+        (lambda e: Worker(e, poll=None), "poll"),  # type: ignore[arg-type]
+        (lambda e: Worker(e, poll=1.0, max_poll=0.5), "poll"),
+        (lambda e: Worker(None), "engine"),  # type: ignore[arg-type]
+        (lambda e: RetryPolicy(backoff=-1), "backoff"),
+        (lambda e: RetryPolicy(attempts=0), "attempts"),
+        (lambda e: RetryPolicy(factor=NAN), "factor"),
+        (lambda e: Step(5), "step name"),  # type: ignore[arg-type]
+        (lambda e: Step("s", retry=3), "retry"),  # type: ignore[arg-type]
+    ],
+)
+def test_constructors_refuse_what_would_fail_later(
+    make_engine: EngineFactory, make: Callable[[Engine], Any], field: str
+) -> None:
+    engine = make_engine(Registry())
+    with pytest.raises(InvalidInputError, match=field):
+        make(engine)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (lambda ctx: ctx.sleep("nap", NAN), "seconds"),
+        (lambda ctx: ctx.sleep("nap", INF), "seconds"),
+        (lambda ctx: ctx.sleep("nap", 10**30), "seconds"),
+        (lambda ctx: ctx.sleep("nap", "5"), "seconds"),
+        (lambda ctx: ctx.sleep("nap", until="2030-01-01"), "until"),
+        (lambda ctx: ctx.wait_for_event("go", timeout=NAN), "timeout"),
+        (lambda ctx: ctx.wait_for_event("go", timeout=10**30), "timeout"),
+        (lambda ctx: ctx.wait_for_event("\ud800"), "name"),
+        (lambda ctx: ctx.step("\ud800", str), "name"),
+        (lambda ctx: ctx.step("a\x00b", str), "name"),
+    ],
+)
+def test_bad_ctx_calls_hold_the_run_with_a_clear_error(
+    make_engine: EngineFactory, body: Callable[[RunContext], Any], field: str
+) -> None:
+    """The run is held (still pending, nothing journaled), not failed for good: fixed code resumes it."""
+    registry = Registry()
+
+    @registry.workflow("bad", version=1)
+    def bad(ctx: RunContext) -> None:
+        body(ctx)
+
+    engine = make_engine(registry)
+    with pytest.raises(InvalidInputError, match=field):
+        engine.run(bad, "r")
+    assert engine.store.get("r").status is RunStatus.PENDING
+    assert engine.store.steps("r") == []
+
+
+def test_a_gate_refuses_a_bad_expiry_when_it_is_declared(make_engine: EngineFactory) -> None:
+    """requiring_approval checks expires_in up front, instead of failing the run at the gate."""
+    registry = Registry()
+
+    @registry.tool("book")
+    def book(key: str) -> str:
+        return key
+
+    for bad in (5, "1h", timedelta.max, timedelta(0), timedelta(seconds=-1)):
+        with pytest.raises(InvalidInputError, match="expires_in"):
+            book.requiring_approval("people decide", expires_in=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="reason"):
+        book.requiring_approval("   ")
