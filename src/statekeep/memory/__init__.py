@@ -9,8 +9,11 @@ embedder is used.
 
 from __future__ import annotations
 
+import os
+from os import PathLike
 from typing import TYPE_CHECKING, Any
 
+from statekeep.errors import InvalidInputError
 from statekeep.memory._types import (
     DEFAULT_TRUST,
     Filters,
@@ -89,7 +92,11 @@ def open_memory_store(target: Any, embedder: Embedder | None = None, **kw: Any) 
         from statekeep.memory.pgvector import PgVectorMemoryStore
 
         return PgVectorMemoryStore(target, embedder, **kw)
-    parsed = parse_memory_url(str(target))
+    if not isinstance(target, str | PathLike):
+        raise InvalidInputError(
+            f"must be a URL, a folder path or a Database, not {type(target).__name__}", field="target"
+        )
+    parsed = parse_memory_url(os.fspath(target))
     if parsed.backend == "pgvector":
         from statekeep.memory.pgvector import PgVectorMemoryStore
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
+from statekeep._numbers import check_duration
 from statekeep._text import check_storable, check_unicode
 from statekeep.errors import InvalidInputError
 from statekeep.memory._types import (
@@ -66,11 +67,22 @@ def check_time(value: object, field: str) -> datetime | None:
 def _choices(values: Iterable[T] | T | None, allowed: tuple[T, ...], field: str) -> tuple[T, ...]:
     if values is None:
         return ()
+    if not isinstance(values, str | Iterable):
+        raise InvalidInputError(f"must be one of {list(allowed)} or a list of them", field=field)
     items = (values,) if isinstance(values, str) else tuple(cast(Iterable[T], values))
-    bad = [v for v in items if v not in allowed]
+    bad = [v for v in items if not isinstance(v, str) or v not in allowed]
     if bad:
         raise InvalidInputError(f"{bad[0]!r} is not one of {list(allowed)}", field=field)
     return items
+
+
+def _choice(value: object, allowed: tuple[T, ...], field: str) -> T:
+    """Exactly one of ``allowed`` (a string, not a list of one)."""
+    if isinstance(value, str):
+        for option in allowed:
+            if value == option:
+                return option
+    raise InvalidInputError(f"{value!r} is not one of {list(allowed)}", field=field)
 
 
 def check_tags(tags: object) -> tuple[str, ...]:
@@ -108,7 +120,7 @@ def check_provenance(provenance: object) -> Provenance:
         return Provenance()
     if not isinstance(provenance, Provenance):
         raise InvalidInputError("must be a Provenance", field="provenance")
-    _choices(provenance.source, SOURCE_KINDS, "provenance.source")
+    _choice(provenance.source, SOURCE_KINDS, "provenance.source")
     trust = provenance.trust
     if isinstance(trust, bool) or not isinstance(trust, int | float) or not 0.0 <= trust <= 1.0:
         raise InvalidInputError("must be a number from 0 to 1", field="provenance.trust")
@@ -130,7 +142,7 @@ def check_input(item: object, now: datetime) -> MemoryInput:
         raise InvalidInputError("must be in the future", field="expires_at")
     return MemoryInput(
         content=check_text(item.content, "content", limit=MAX_CONTENT),
-        kind=_choices(item.kind, MEMORY_KINDS, "kind")[0],
+        kind=_choice(item.kind, MEMORY_KINDS, "kind"),
         tags=check_tags(item.tags),
         metadata=check_metadata(item.metadata),
         provenance=check_provenance(item.provenance),
@@ -144,9 +156,7 @@ def expiry(expires_at: datetime | None, ttl: timedelta | None, now: datetime) ->
         return expires_at
     if expires_at is not None:
         raise InvalidInputError("give expires_at or ttl, not both", field="ttl")
-    if not isinstance(ttl, timedelta) or ttl <= timedelta(0):
-        raise InvalidInputError("must be a positive timedelta", field="ttl")
-    return now + ttl
+    return now + check_duration(ttl, "ttl")
 
 
 def check_filters(

@@ -40,7 +40,7 @@ class Provenance:
     trust: float | None = None
 
     def __post_init__(self) -> None:
-        if self.trust is None and self.source in DEFAULT_TRUST:
+        if self.trust is None and isinstance(self.source, str) and self.source in DEFAULT_TRUST:
             object.__setattr__(self, "trust", DEFAULT_TRUST[self.source])
 
     def as_dict(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
@@ -292,9 +292,16 @@ class MemoryStore(ABC):
         if vector is None:
             vec: Vectors = self._embed([query])[0]
             return vec
-        arr = np.asarray(vector, dtype=np.float32).reshape(1, -1)
-        if arr.shape[1] != self.embedder.dimension:
-            raise InvalidInputError(f"must have {self.embedder.dimension} numbers", field="vector")
+        want = f"must be {self.embedder.dimension} finite numbers, not all zero"
+        if isinstance(vector, str | bytes | Mapping):
+            raise InvalidInputError(want, field="vector")
+        try:
+            with np.errstate(over="ignore"):
+                arr = np.asarray(vector, dtype=np.float32).reshape(1, -1)
+        except (TypeError, ValueError):
+            raise InvalidInputError(want, field="vector") from None
+        if arr.shape[1] != self.embedder.dimension or not np.isfinite(arr).all() or not arr.any():
+            raise InvalidInputError(want, field="vector")
         checked: Vectors = check_vectors(self.embedder, arr, 1)[0]
         return checked
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from statekeep.errors import ErasureError, MissingDependencyError
+from statekeep.errors import ConfigError, ErasureError, InvalidInputError, MissingDependencyError
 from statekeep.memory import _lock, base
 from statekeep.memory._rows import COLUMNS, from_row, to_row, to_us
 from statekeep.memory._types import Filters, Memory, SearchResult
@@ -144,8 +145,15 @@ class LanceDBMemoryStore(base.MemoryStore):
             import lancedb
         except ImportError as exc:  # pragma: no cover - a dependency of statekeep
             raise MissingDependencyError("lancedb", "LanceDB memory") from exc
+        if not isinstance(path, str | PathLike) or not str(path).strip() or "\x00" in str(path):
+            raise InvalidInputError("must be a folder path (a non-empty string without NUL)", field="path")
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                "STATEKEEP_MEMORY_URL", str(path), f"cannot create folder: {exc.strerror}"
+            ) from exc
         self._lock = _lock.FolderLock(self.path)
         self.exact_below = exact_below
         self.nprobes = nprobes
