@@ -114,6 +114,8 @@ class ContextStore(ABC):
     def extend(self, session_id: str, messages: Iterable[Message | Mapping[str, Any]]) -> list[Event]:
         """Append several messages in one transaction, with consecutive sequence numbers."""
         check_session_id(session_id)
+        if isinstance(messages, str | bytes | Mapping | Message) or not isinstance(messages, Iterable):
+            raise InvalidInputError("must be a list of messages", field="messages")
         drafts = [self._draft(to_message(m)) for m in messages]
         if not drafts:
             raise InvalidInputError("nothing to append", field="messages")

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, cast
 
+from statekeep._numbers import MAX_INT
 from statekeep._text import check_id, check_unicode
 from statekeep.context._types import MEMORY_SOURCES, MemoryItem, MemorySource, Message, ToolCall
 from statekeep.errors import InvalidInputError
@@ -33,9 +34,9 @@ def check_budget(budget: object) -> int:
 
 
 def check_seq(value: object, field: str) -> int:
-    """A sequence number: an int >= 0."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidInputError(f"must be an int >= 0, got {value!r}", field=field)
+    """A sequence number: an int from 0 to 2**63 - 1 (a 64-bit column)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < MAX_INT:
+        raise InvalidInputError(f"must be an int >= 0 (64-bit), got {value!r}", field=field)
     return value
 
 
@@ -60,6 +61,12 @@ def _from_mapping(data: Mapping[str, Any]) -> Message:
         raise InvalidInputError(
             "must be a list of {id, name, arguments} mappings", field="message.tool_calls"
         )
+    for call in calls:
+        arguments = call.get("arguments")
+        if arguments is not None and not isinstance(arguments, Mapping):
+            raise InvalidInputError(
+                "must be a mapping (decode a JSON string of arguments first)", field="tool_call.arguments"
+            )
     try:
         return Message.from_json(data)
     except (KeyError, TypeError) as exc:
@@ -123,15 +130,20 @@ def to_memory(item: object) -> MemoryItem:
     content, source = data.get("content"), data.get("source") or "agent_inferred"
     if not isinstance(content, str) or not content.strip():
         raise InvalidInputError("a memory needs non-empty text content", field="memories.content")
+    check_unicode(content, "memories.content")
     if source not in MEMORY_SOURCES:
         raise InvalidInputError(f"must be one of {MEMORY_SOURCES}, got {source!r}", field="memories.source")
     ids = {k: data.get(k) for k in ("session_id", "run_id", "event_id", "memory_id")}
     for key, value in ids.items():
         if value is not None and not isinstance(value, str | int):
             raise InvalidInputError("must be a string, an int or None", field=f"memories.{key}")
+        if isinstance(value, str):
+            check_unicode(value, f"memories.{key}")
     kind, trust = data.get("kind"), data.get("trust")
     if kind is not None and (not isinstance(kind, str) or not kind):
         raise InvalidInputError("must be a non-empty string or None", field="memories.kind")
+    if kind is not None:
+        check_unicode(kind, "memories.kind")
     if trust is not None and (
         isinstance(trust, bool) or not isinstance(trust, int | float) or not 0 <= trust <= 1
     ):

@@ -1,0 +1,46 @@
+"""Bad input to the context stores: InvalidInputError naming the field, and nothing appended.
+
+Each case escaped as TypeError, ValueError or OverflowError before, or (tool-call
+arguments given as a list of pairs) was stored as something else than was sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from statekeep.context import ContextStore
+from statekeep.errors import InvalidInputError
+
+
+def _assistant_calling(arguments: Any) -> dict[str, Any]:
+    call = {"id": "c", "name": "t", "arguments": arguments}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda s: s.extend("s1", None), "messages"),
+        (lambda s: s.extend("s1", 5), "messages"),
+        (lambda s: s.extend("s1", {"role": "user", "content": "hi"}), "messages"),
+        (lambda s: s.extend("s1", "hi"), "messages"),
+        (lambda s: s.events("s1", after=10**30), "after"),
+        (lambda s: s.events("s1", upto=2**63), "upto"),
+        (lambda s: s.compact("s1", upto=10**30), "upto"),
+        (lambda s: s.append("s1", _assistant_calling("ab")), "arguments"),
+        (lambda s: s.append("s1", _assistant_calling(["ab"])), "arguments"),
+        (lambda s: s.append("s1", _assistant_calling('{"a": 1}')), "arguments"),
+        (lambda s: s.build("s1", 1000, memories=[{"content": "\ud800"}]), "memories.content"),
+        (lambda s: s.build("s1", 1000, memories=[{"content": "ok", "run_id": "\ud800"}]), "memories.run_id"),
+    ],
+)
+def test_bad_arguments_are_refused_and_nothing_is_appended(
+    store: ContextStore, call: Callable[[ContextStore], Any], field: str
+) -> None:
+    store.append("s1", {"role": "user", "content": "hello"})
+    with pytest.raises(InvalidInputError, match=field):
+        call(store)
+    assert [e.seq for e in store.events("s1")] == [1]
