@@ -11,12 +11,16 @@ from datetime import UTC, datetime
 
 import pydantic
 
+from statekeep._numbers import check_int
 from statekeep._text import check_id
 from statekeep.errors import InvalidInputError, StateNotFoundError
 from statekeep.working._types import StateVersion
 from statekeep.working.schema import M, StateMigrations, decode, encode
 
 MAX_ID = 255
+
+#: Versions are 32-bit integers in the SQL stores.
+MAX_VERSION = 2**31 - 1
 
 
 def check_run_id(run_id: object) -> str:
@@ -62,8 +66,8 @@ class WorkingStateStore(ABC):
     ) -> StateVersion:
         """Validate and encode a save without writing it (version filled in on append)."""
         check_run_id(run_id)
-        if expected_version is not None and (not isinstance(expected_version, int) or expected_version < 0):
-            raise InvalidInputError("must be an int >= 0, or None", field="expected_version")
+        if expected_version is not None:
+            check_int(expected_version, "expected_version", maximum=MAX_VERSION)
         name, schema_version, text = encode(state)
         return StateVersion(run_id, 0, name, schema_version, text, datetime.now(UTC))
 
@@ -71,14 +75,19 @@ class WorkingStateStore(ABC):
         """Load the latest version (or ``version``) of a run's state into ``model``.
 
         Raises:
+            InvalidInputError: ``model`` is not a pydantic model class.
             StateNotFoundError: no such version.
             SchemaVersionError: the stored schema cannot be loaded by this code.
         """
+        if not (isinstance(model, type) and issubclass(model, pydantic.BaseModel)):
+            raise InvalidInputError(f"must be a pydantic model class, not {model!r}", field="model")
         return decode(self.get(run_id, version=version), model, self.migrations)
 
     def get(self, run_id: str, *, version: int | None = None) -> StateVersion:
         """The stored record of the latest version (or ``version``)."""
         check_run_id(run_id)
+        if version is not None:
+            check_int(version, "version", minimum=1, maximum=MAX_VERSION)
         record = self._get(run_id, version)
         if record is None:
             raise StateNotFoundError(run_id, version)
@@ -97,8 +106,7 @@ class WorkingStateStore(ABC):
     def prune(self, run_id: str, *, keep: int) -> int:
         """Retention: keep the last ``keep`` versions of a run; return how many were deleted."""
         check_run_id(run_id)
-        if not isinstance(keep, int) or keep < 1:
-            raise InvalidInputError("must be an int >= 1", field="keep")
+        check_int(keep, "keep", minimum=1, maximum=MAX_VERSION)
         return self._prune(run_id, keep)
 
     def delete(self, *run_ids: str) -> int:

@@ -13,7 +13,9 @@ from typing import Any, ClassVar, TypeVar
 import pydantic
 import pydantic_core
 
-from statekeep.errors import MigrationError, SchemaVersionError, StateValidationError
+from statekeep._numbers import check_int
+from statekeep._text import check_id
+from statekeep.errors import InvalidInputError, MigrationError, SchemaVersionError, StateValidationError
 from statekeep.working._types import StateVersion
 
 M = TypeVar("M", bound=pydantic.BaseModel)
@@ -67,9 +69,17 @@ class StateMigrations:
         self._steps: dict[tuple[str, int], Migrator] = {}
 
     def register(self, schema: str, from_version: int) -> Callable[[Migrator], Migrator]:
-        """Register the migration of ``schema`` from ``from_version`` to the next."""
+        """Register the migration of ``schema`` from ``from_version`` to the next.
+
+        Raises:
+            InvalidInputError: ``schema`` is not a name or ``from_version`` not an int >= 1.
+        """
+        check_id(schema, "schema")
+        check_int(from_version, "from_version", minimum=1)
 
         def _decorate(fn: Migrator) -> Migrator:
+            if not callable(fn):
+                raise InvalidInputError("a migration must be a function of the state dict", field="fn")
             key = (schema, from_version)
             if key in self._steps:
                 raise MigrationError(schema, from_version, from_version + 1, "migration registered twice")
