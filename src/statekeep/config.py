@@ -66,10 +66,19 @@ class Settings:
             ConfigError: a URL is malformed; the error names the setting.
         """
         env = os.environ if env is None else env
+        if not isinstance(env, Mapping):
+            raise ConfigError("env", repr(env), "must be a mapping of environment variables")
         unknown = set(store_urls) - {f"{s}_url" for s in SQL_STORES}
         if unknown:
             raise ConfigError(sorted(unknown)[0], "", f"unknown setting; per-store URLs are {SQL_STORES}")
+        for name, value in {"database_url": database_url, "memory_url": memory_url, **store_urls}.items():
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(name, repr(value), f"must be a URL string, not {type(value).__name__}")
+        if home is not None and not isinstance(home, str | os.PathLike):
+            raise ConfigError("home", repr(home), f"must be a folder path, not {type(home).__name__}")
         root = Path(home or env.get("STATEKEEP_HOME") or ".statekeep")
+        if "\x00" in str(root):
+            raise ConfigError("STATEKEEP_HOME", str(root).replace("\x00", "\\x00"), "contains NUL")
         db_url = database_url or env.get("STATEKEEP_DATABASE_URL") or f"sqlite:///{root}/statekeep.db"
         normalize_url(db_url, setting="STATEKEEP_DATABASE_URL")
         urls = {}
@@ -129,8 +138,12 @@ def parse_memory_url(url: str) -> MemoryURL:
         ConfigError: naming ``STATEKEEP_MEMORY_URL``.
     """
     setting = "STATEKEEP_MEMORY_URL"
+    if not isinstance(url, str):
+        raise ConfigError(setting, repr(url), f"must be a folder or URL string, not {type(url).__name__}")
     if not url or not url.strip():
         raise ConfigError(setting, url, "empty")
+    if "\x00" in url:
+        raise ConfigError(setting, url.replace("\x00", "\\x00"), "contains a NUL character")
     if url.startswith(("postgresql", "postgres:")):
         return MemoryURL("pgvector", normalize_url(url, setting=setting).render_as_string(False))
     if url.startswith("lancedb://"):

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from statekeep._numbers import check_seconds
 from statekeep.errors import InvalidInputError, ModelError
 
 Message = dict[str, Any]
@@ -140,8 +141,13 @@ class OpenAIChatModel:
     def __init__(
         self, model: str, *, base_url: str, api_key: str | None = None, timeout: float = 60.0
     ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise InvalidInputError("must start with http:// or https://", field="base_url")
+        if not isinstance(model, str) or not model.strip():
+            raise InvalidInputError("must name the model", field="model")
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise InvalidInputError("must be a URL starting with http:// or https://", field="base_url")
+        if api_key is not None and (not isinstance(api_key, str) or not api_key.isprintable()):
+            raise InvalidInputError("must be a printable string or None", field="api_key")
+        check_seconds(timeout, "timeout", positive=True)
         self.name = model
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from statekeep._text import check_id
+from statekeep._text import check_id, check_unicode
 from statekeep.errors import InvalidInputError
 from statekeep.models import ToolSpec
 from statekeep.workflow import Reconciler, RetryPolicy
@@ -34,6 +35,15 @@ class AgentTool:
         check_text(self.name, "name")
         if not callable(self.fn):
             raise InvalidInputError("must be callable", field="fn")
+        if not isinstance(self.description, str):
+            raise InvalidInputError("must be a string", field="description")
+        check_unicode(self.description, "description")
+        if not isinstance(self.parameters, dict):
+            raise InvalidInputError("must be a JSON schema object (a dict)", field="parameters")
+        try:
+            check_unicode(json.dumps(self.parameters, allow_nan=False, ensure_ascii=False), "parameters")
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"must be JSON: {exc}", field="parameters") from exc
         if self.approval is not None:
             check_text(self.approval, "approval")
 
@@ -71,8 +81,13 @@ class Agent:
         check_text(self.name, "name")
         if not isinstance(self.system, str):
             raise InvalidInputError("must be a string", field="system")
+        check_unicode(self.system, "system")
+        if isinstance(self.tools, str | bytes) or not isinstance(self.tools, Sequence):
+            raise InvalidInputError("must be a list of AgentTool objects", field="tools")
         if any(not isinstance(t, AgentTool) for t in self.tools):
             raise InvalidInputError("must be AgentTool objects", field="tools")
+        if not isinstance(self.model_retry, RetryPolicy):
+            raise InvalidInputError("must be a RetryPolicy", field="model_retry")
         names = [t.name for t in self.tools]
         if len(set(names)) != len(names):
             raise InvalidInputError(f"tool names must be unique, got {names}", field="tools")

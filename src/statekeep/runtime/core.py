@@ -62,7 +62,11 @@ class Runtime:
         """
         if not isinstance(model, Model | AsyncModel):
             raise InvalidInputError("needs complete() or acomplete() and a name", field="model")
-        settings = settings or Settings.load()
+        if settings is not None and not isinstance(settings, Settings):
+            raise InvalidInputError(
+                f"must be Settings.load(...) or None, not {type(settings).__name__}", field="settings"
+            )
+        settings = Settings.load() if settings is None else settings
         settings.check()
         dbs: dict[str, Database] = {}
 

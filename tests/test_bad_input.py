@@ -1,0 +1,78 @@
+"""Bad settings, URLs, models and agents: a statekeep error naming what is wrong, and no side effect.
+
+Each case raised TypeError or AttributeError before, or was accepted and failed
+later (a NUL in the home folder, a negative model timeout, an agent whose system
+prompt no model API can encode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statekeep.config import Settings
+from statekeep.context import SQLContextStore
+from statekeep.errors import ConfigError, InvalidInputError
+from statekeep.models import ModelResponse, OpenAIChatModel, ScriptedModel
+from statekeep.runtime import Agent, AgentTool, Runtime
+from statekeep.workflow import WorkflowStore
+from statekeep.working import SQLWorkingStateStore
+
+
+@pytest.mark.parametrize(
+    ("call", "setting"),
+    [
+        (lambda: Settings.load(home=5, env={}), "home"),
+        (lambda: Settings.load(home="/tmp/h\x00", env={}), "STATEKEEP_HOME"),
+        (lambda: Settings.load(database_url=5, env={}), "database_url"),
+        (lambda: Settings.load(context_url=5, env={}), "context_url"),
+        (lambda: Settings.load(memory_url=5, env={}), "memory_url"),
+        (lambda: Settings.load(memory_url="/tmp/m\x00", env={}), "STATEKEEP_MEMORY_URL"),
+        (lambda: Settings.load(env=5), "env"),
+        (lambda: SQLContextStore(None), "STATEKEEP_"),
+        (lambda: WorkflowStore(None), "STATEKEEP_"),
+        (lambda: SQLWorkingStateStore(5), "STATEKEEP_"),
+        (lambda: WorkflowStore("sqlite:////tmp/a\x00b.db"), "STATEKEEP_"),
+    ],
+)
+def test_bad_settings_are_config_errors_naming_the_setting(
+    call: Callable[[], Any], setting: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=setting):
+        call()
+    assert list(tmp_path.iterdir()) == []  # no folder made on the way
+
+
+def _tool(**kw: Any) -> AgentTool:
+    return AgentTool(**{"name": "t", "fn": lambda key: None, "description": "d", **kw})
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda: OpenAIChatModel("m", base_url=None), "base_url"),  # type: ignore[arg-type]
+        (lambda: OpenAIChatModel("m", base_url="http://x", timeout=-1), "timeout"),
+        (lambda: OpenAIChatModel("m", base_url="http://x", timeout=float("nan")), "timeout"),
+        (lambda: OpenAIChatModel("", base_url="http://x"), "model"),
+        (lambda: OpenAIChatModel("m", base_url="http://x", api_key="a\nb"), "api_key"),
+        (lambda: Agent("a", system="\ud800", tools=[]), "system"),
+        (lambda: Agent("a", system="s", tools=None), "tools"),  # type: ignore[arg-type]
+        (lambda: Agent("a", system="s", tools=[], model_retry=5), "model_retry"),  # type: ignore[arg-type]
+        (lambda: _tool(description=5), "description"),
+        (lambda: _tool(parameters={"a": {1, 2}}), "parameters"),
+        (lambda: _tool(parameters=[]), "parameters"),
+        (lambda: Runtime.open({}, model=ScriptedModel([ModelResponse("ok")])), "settings"),  # type: ignore[arg-type]
+        (lambda: Runtime.open(5, model=ScriptedModel([ModelResponse("ok")])), "settings"),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_models_and_agents_are_refused_when_built(
+    call: Callable[[], Any], field: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidInputError, match=field):
+        call()
+    assert list(tmp_path.iterdir()) == []  # Runtime.open({}) used to create .statekeep here
