@@ -36,6 +36,8 @@ from statekeep.working import SQLWorkingStateStore
         (lambda: WorkflowStore(None), "STATEKEEP_"),
         (lambda: SQLWorkingStateStore(5), "STATEKEEP_"),
         (lambda: WorkflowStore("sqlite:////tmp/a\x00b.db"), "STATEKEEP_"),
+        (lambda: Settings.load(home="h", env={"STATEKEEP_HOME": 5}), "STATEKEEP_HOME"),
+        (lambda: Settings.load(home="h", env={}).url_for("bogus"), "store"),
     ],
 )
 def test_bad_settings_are_config_errors_naming_the_setting(
@@ -67,6 +69,10 @@ def _tool(**kw: Any) -> AgentTool:
         (lambda: _tool(parameters=[]), "parameters"),
         (lambda: Runtime.open({}, model=ScriptedModel([ModelResponse("ok")])), "settings"),  # type: ignore[arg-type]
         (lambda: Runtime.open(5, model=ScriptedModel([ModelResponse("ok")])), "settings"),  # type: ignore[arg-type]
+        (lambda: Runtime.open(None, model=ScriptedModel([ModelResponse("ok")]), embedder=5), "embedder"),  # type: ignore[arg-type]
+        (lambda: ScriptedModel(5), "script"),  # type: ignore[arg-type]
+        (lambda: ScriptedModel(["hello"]), "script"),  # type: ignore[list-item]
+        (lambda: _tool(reconciler=5), "reconciler"),
     ],
 )
 def test_bad_models_and_agents_are_refused_when_built(

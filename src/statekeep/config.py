@@ -68,6 +68,9 @@ class Settings:
         env = os.environ if env is None else env
         if not isinstance(env, Mapping):
             raise ConfigError("env", repr(env), "must be a mapping of environment variables")
+        for variable, setting in env.items():
+            if variable.startswith("STATEKEEP_") and not isinstance(setting, str):
+                raise ConfigError(variable, repr(setting), f"must be a string, not {type(setting).__name__}")
         unknown = set(store_urls) - {f"{s}_url" for s in SQL_STORES}
         if unknown:
             raise ConfigError(sorted(unknown)[0], "", f"unknown setting; per-store URLs are {SQL_STORES}")
@@ -92,7 +95,13 @@ class Settings:
         return cls(home=root, database_url=db_url, memory_url=mem, store_urls=urls)
 
     def url_for(self, store: str) -> str:
-        """The SQL URL of one store (``context``, ``working`` or ``workflow``)."""
+        """The SQL URL of one store (``context``, ``working`` or ``workflow``).
+
+        Raises:
+            ConfigError: ``store`` is not one of those three.
+        """
+        if store not in SQL_STORES:
+            raise ConfigError("store", repr(store), f"must be one of {SQL_STORES}")
         return self.store_urls.get(store, self.database_url)
 
     @property

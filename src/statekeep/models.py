@@ -114,8 +114,13 @@ class ScriptedModel:
     """
 
     def __init__(self, script: Script | Sequence[ModelResponse], *, name: str = "scripted") -> None:
-        if not callable(script) and not script:
-            raise InvalidInputError("a scripted model needs at least one response", field="script")
+        if not callable(script):
+            if isinstance(script, str | bytes) or not isinstance(script, Sequence):
+                raise InvalidInputError("must be a list of ModelResponse or a function", field="script")
+            if not script:
+                raise InvalidInputError("a scripted model needs at least one response", field="script")
+            if any(not isinstance(r, ModelResponse) for r in script):
+                raise InvalidInputError("every scripted answer must be a ModelResponse", field="script")
         self.name = name
         self._script = script
         self.calls: list[list[Message]] = []

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from statekeep.context import ContextStore
+from statekeep.context import ContextStore, Message
 from statekeep.errors import InvalidInputError
 
 
@@ -34,6 +34,13 @@ def _assistant_calling(arguments: Any) -> dict[str, Any]:
         (lambda s: s.append("s1", _assistant_calling(["ab"])), "arguments"),
         (lambda s: s.append("s1", _assistant_calling('{"a": 1}')), "arguments"),
         (lambda s: s.build("s1", 1000, memories=[{"content": "\ud800"}]), "memories.content"),
+        (lambda s: s.build("s1", 1000, compact="yes"), "compact"),
+        (lambda s: s.build("s1", 1000, compact=None), "compact"),
+        (
+            lambda s: s.append("s1", {"role": "tool", "content": "x", "tool_call_id": "c", "is_error": "no"}),
+            "is_error",
+        ),
+        (lambda s: s.append("s1", Message("user", "x", is_error="yes")), "is_error"),
         (lambda s: s.build("s1", 1000, memories=[{"content": "ok", "run_id": "\ud800"}]), "memories.run_id"),
     ],
 )

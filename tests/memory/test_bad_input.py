@@ -8,14 +8,15 @@ caller's vector. Every backend is checked: validation runs before any of them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from statekeep.errors import ConfigError, InvalidInputError
-from statekeep.memory import FakeEmbedder, MemoryStore, Provenance, open_memory_store
+from statekeep.memory import FakeEmbedder, InMemoryMemoryStore, MemoryStore, Provenance, open_memory_store
+from statekeep.memory.lancedb import LanceDBMemoryStore
 
 from .conftest import StoreFactory
 
@@ -44,6 +45,7 @@ DIM = FakeEmbedder().dimension
         (lambda s: s.search("alice", "tea", vector="abc"), "vector"),
         (lambda s: s.search("alice", "tea", vector={"a": 1}), "vector"),
         (lambda s: s.search("alice", "tea", vector=[1.0] * (DIM - 1)), "vector"),
+        (lambda s: s.remember("alice", "x", tags={"a": 1}), "tags"),
     ],
 )
 def test_bad_arguments_are_refused_and_nothing_is_written(
@@ -61,7 +63,7 @@ def test_bad_arguments_are_refused_and_nothing_is_written(
         (None, InvalidInputError),
         (5, InvalidInputError),
         (["a"], InvalidInputError),
-        ("a\x00b", InvalidInputError),
+        ("a\x00b", ConfigError),
         ("", ConfigError),
         ("  ", ConfigError),
     ],
@@ -74,3 +76,33 @@ def test_a_memory_store_needs_a_real_location(
     with pytest.raises(error):
         open_memory_store(target, FakeEmbedder())
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda tmp: InMemoryMemoryStore(FakeEmbedder(), duplicate_threshold="3"), "duplicate_threshold"),
+        (lambda tmp: InMemoryMemoryStore(FakeEmbedder(), duplicate_threshold=True), "duplicate_threshold"),
+        (lambda tmp: InMemoryMemoryStore(5), "embedder"),
+        (lambda tmp: InMemoryMemoryStore(FakeEmbedder(), clock=5), "clock"),
+        (lambda tmp: InMemoryMemoryStore(FakeEmbedder(), clock=lambda: datetime(2030, 1, 1)), "clock"),
+        (lambda tmp: FakeEmbedder("x"), "dimension"),
+        (lambda tmp: FakeEmbedder(2.5), "dimension"),
+        (lambda tmp: LanceDBMemoryStore(tmp / "m", FakeEmbedder(), exact_below=-1), "exact_below"),
+        (lambda tmp: LanceDBMemoryStore(tmp / "m", FakeEmbedder(), nprobes=None), "nprobes"),
+    ],
+)
+def test_store_options_are_checked_when_it_is_built(
+    make: Callable[[Path], Any], field: str, tmp_path: Path
+) -> None:
+    with pytest.raises(InvalidInputError, match=field):
+        make(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_supersede_checks_the_new_kind(make_store: StoreFactory) -> None:
+    store = make_store(FakeEmbedder())
+    old = store.remember("alice", "Alice drinks tea.")
+    with pytest.raises(InvalidInputError, match="kind"):
+        store.supersede("alice", old.id, "Alice drinks coffee.", kind=[])  # type: ignore[arg-type]
+    assert [m.content for m in store.list_memories("alice")] == ["Alice drinks tea."]

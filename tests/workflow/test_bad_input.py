@@ -46,6 +46,8 @@ NAN, INF = float("nan"), float("inf")
         (lambda s: s.purge(keep_last=-1), "keep_last"),
         (lambda s: s.purge(keep_last=1, workflow="\ud800"), "workflow"),
         (lambda s: s.delete_runs("run-1"), "run_ids"),
+        (lambda s: s.approvals(status="bogus"), "status"),
+        (lambda s: s.approvals(kind="other"), "kind"),
     ],
 )
 def test_store_calls_refuse_bad_arguments(
@@ -89,6 +91,13 @@ def test_store_filters_take_status_names(make_engine: EngineFactory) -> None:
         (lambda e: RetryPolicy(factor=NAN), "factor"),
         (lambda e: Step(5), "step name"),  # type: ignore[arg-type]
         (lambda e: Step("s", retry=3), "retry"),  # type: ignore[arg-type]
+        (lambda e: Engine(e.store.db, Registry(), state_store="x"), "state_store"),  # type: ignore[arg-type]
+        (lambda e: Registry().workflow("w", version=10**30), "version"),
+        (lambda e: Registry().workflow("w", version=True), "version"),
+        (lambda e: Registry().workflow("w", retry=5), "retry"),  # type: ignore[arg-type]
+        (lambda e: Registry().workflow("w", state=dict), "state"),  # type: ignore[arg-type]
+        (lambda e: Registry().migration("w", from_version=True, to_version=2), "from_version"),
+        (lambda e: Registry().get(["a"], 1), "name"),  # type: ignore[arg-type]
     ],
 )
 def test_constructors_refuse_what_would_fail_later(
@@ -112,6 +121,7 @@ def test_constructors_refuse_what_would_fail_later(
         (lambda ctx: ctx.wait_for_event("\ud800"), "name"),
         (lambda ctx: ctx.step("\ud800", str), "name"),
         (lambda ctx: ctx.step("a\x00b", str), "name"),
+        (lambda ctx: ctx.set_cursor(10**30), "cursor"),
     ],
 )
 def test_bad_ctx_calls_hold_the_run_with_a_clear_error(

@@ -180,6 +180,8 @@ class ContextStore(ABC):
         from statekeep.context.builder import build
 
         counter = check_counter(counter) if counter is not None else self.counter
+        if not isinstance(compact, bool):
+            raise InvalidInputError("must be True or False", field="compact")
         return build(self, session_id, budget, system, pinned, memories, compact, counter)
 
     # --- summaries and retention ---------------------------------------------------------

@@ -61,6 +61,8 @@ def _from_mapping(data: Mapping[str, Any]) -> Message:
         raise InvalidInputError(
             "must be a list of {id, name, arguments} mappings", field="message.tool_calls"
         )
+    if data.get("is_error") is not None and not isinstance(data["is_error"], bool):
+        raise InvalidInputError("must be True or False", field="message.is_error")
     for call in calls:
         arguments = call.get("arguments")
         if arguments is not None and not isinstance(arguments, Mapping):
@@ -88,6 +90,8 @@ def _check_shape(m: Message) -> None:
         raise InvalidInputError("must be a non-empty string", field="message.tool_call_id")
     if m.name is not None and (not isinstance(m.name, str) or not m.name):
         raise InvalidInputError("must be a non-empty string or None", field="message.name")
+    if not isinstance(m.is_error, bool):
+        raise InvalidInputError("must be True or False", field="message.is_error")
     if m.role == "assistant" and not m.content and not m.tool_calls:
         raise InvalidInputError("an assistant message needs content or tool calls", field="message")
     _check_calls(m.tool_calls)

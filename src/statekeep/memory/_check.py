@@ -90,7 +90,7 @@ def check_tags(tags: object) -> tuple[str, ...]:
     if tags is None:
         return ()
     items = (tags,) if isinstance(tags, str) else tags
-    if not isinstance(items, Iterable):
+    if not isinstance(items, Iterable) or isinstance(items, Mapping):
         raise InvalidInputError("must be a list of strings", field="tags")
     return tuple(dict.fromkeys(check_text(t, "tags", limit=MAX_TAG) for t in items))
 

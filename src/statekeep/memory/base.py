@@ -83,8 +83,21 @@ class MemoryStore(ABC):
         duplicate_threshold: float | None = DEFAULT_DUPLICATE_THRESHOLD,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
-        if duplicate_threshold is not None and not 0 < duplicate_threshold <= 1:
+        if duplicate_threshold is not None and (
+            isinstance(duplicate_threshold, bool)
+            or not isinstance(duplicate_threshold, int | float)
+            or not 0 < duplicate_threshold <= 1
+        ):
             raise InvalidInputError("must be in (0, 1], or None to turn it off", field="duplicate_threshold")
+        if embedder is not None and not isinstance(embedder, Embedder):
+            raise InvalidInputError(
+                f"must be an Embedder (name, dimension, embed), not {type(embedder).__name__}",
+                field="embedder",
+            )
+        if clock is not None:
+            tick = clock() if callable(clock) else None
+            if not isinstance(tick, datetime) or tick.tzinfo is None:
+                raise InvalidInputError("must be a function returning aware datetimes", field="clock")
         self.embedder: Embedder = embedder or SentenceTransformerEmbedder()
         self.duplicate_threshold = duplicate_threshold
         self._clock = clock or (lambda: datetime.now(UTC))
@@ -163,7 +176,7 @@ class MemoryStore(ABC):
             raise ConflictError(f"memory {memory_id!r} was already superseded by {old.superseded_by!r}")
         item = MemoryInput(
             content,
-            kind or old.kind,
+            old.kind if kind is None else kind,
             tuple(old.tags if tags is None else _check.check_tags(tags)),
             old.metadata if metadata is None else metadata,
             provenance or old.provenance,

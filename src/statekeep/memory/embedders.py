@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from statekeep._numbers import check_int
 from statekeep.errors import EmbedderError, MissingDependencyError
 
 Vectors = npt.NDArray[np.float32]
@@ -150,9 +151,7 @@ class FakeEmbedder:
     """
 
     def __init__(self, dimension: int = 64, *, name: str | None = None) -> None:
-        if dimension < 2:
-            raise EmbedderError("fake", "dimension must be at least 2")
-        self._dimension = dimension
+        self._dimension = check_int(dimension, "dimension", minimum=2, maximum=65_536)
         self._name = name or f"fake-hash-{dimension}"
 
     @property

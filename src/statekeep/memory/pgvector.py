@@ -22,6 +22,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from statekeep._numbers import check_int
 from statekeep.db import Database, upgrade
 from statekeep.db.engine import storage_error
 from statekeep.db.migrations import current_version
@@ -76,6 +77,8 @@ class PgVectorMemoryStore(base.MemoryStore):
         **kw: Any,
     ) -> None:
         super().__init__(embedder, **kw)
+        check_int(ef_search, "ef_search", minimum=1, maximum=1_000)
+        check_int(exact_below, "exact_below")
         self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_MEMORY_URL")
         if self.db.name != "postgresql":
             raise ConfigError(

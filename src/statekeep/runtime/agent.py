@@ -46,6 +46,8 @@ class AgentTool:
             raise InvalidInputError(f"must be JSON: {exc}", field="parameters") from exc
         if self.approval is not None:
             check_text(self.approval, "approval")
+        if self.reconciler is not None and not callable(self.reconciler):
+            raise InvalidInputError("must be a function of the ambiguous call, or None", field="reconciler")
 
     @property
     def spec(self) -> ToolSpec:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 import pydantic
 
+from statekeep._numbers import check_int
 from statekeep._text import check_id
 from statekeep.errors import (
     ConfigError,
@@ -139,9 +140,7 @@ class RunContext:
 
     def set_cursor(self, cursor: int) -> None:
         """Stage an opaque context cursor (e.g. an event sequence number) for the next completion."""
-        if not isinstance(cursor, int) or isinstance(cursor, bool) or cursor < 0:
-            raise InvalidInputError("must be an int >= 0", field="cursor")
-        self._cursor = cursor
+        self._cursor = check_int(cursor, "cursor")
 
     def state(self, model: type[M]) -> M | None:
         """The working state the last committed step points at, loaded into ``model``.

@@ -78,6 +78,10 @@ class Engine:
             raise InvalidInputError(f"must be a Registry, not {type(registry).__name__}", field="registry")
         if owner is not None:
             check_id(owner, "owner")
+        if state_store is not None and not isinstance(state_store, WorkingStateStore):
+            raise InvalidInputError(
+                f"must be a WorkingStateStore or None, not {type(state_store).__name__}", field="state_store"
+            )
         self.store = WorkflowStore(db)
         self.registry = registry
         self.state_store = state_store

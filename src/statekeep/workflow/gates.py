@@ -30,6 +30,7 @@ from statekeep.workflow.store import RunStore, now, wake
 from statekeep.workflow.tables import approvals, events, runs, steps, tool_calls
 from statekeep.working.base import check_run_id
 
+APPROVAL_STATUSES = ("pending", "approved", "rejected", "expired", "withdrawn")
 _WAITS_ON_PERSON = [RunStatus.WAITING_FOR_APPROVAL, RunStatus.NEEDS_DECISION]
 
 
@@ -51,6 +52,10 @@ class GateStore:
         Raises:
             InvalidInputError: a filter that is not a storable, non-empty string.
         """
+        if status is not None and status not in APPROVAL_STATUSES:
+            raise InvalidInputError(f"must be one of {APPROVAL_STATUSES} or None", field="status")
+        if kind is not None and kind not in ("gate", "ambiguous"):
+            raise InvalidInputError("must be 'gate', 'ambiguous' or None", field="kind")
         q = sa.select(approvals).order_by(approvals.c.created_at)
         filters = {"status": status, "run_id": run_id, "kind": kind, "action": action}
         for column, value in filters.items():

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol
 
 import pydantic
 
-from statekeep._numbers import check_duration
+from statekeep._numbers import check_duration, check_int
 from statekeep._text import check_id, check_storable
 from statekeep.errors import InvalidInputError, UnknownWorkflowError
 from statekeep.workflow._types import Reconciliation, RetryPolicy, StepRecord, ToolCall
@@ -154,8 +154,11 @@ class Registry:
         ``retry`` is the default policy of its steps; ``state`` the working-state model it keeps.
         """
         _check_name(name)
-        if not isinstance(version, int) or version < 1:
-            raise InvalidInputError("must be an int >= 1", field="version")
+        check_int(version, "version", minimum=1, maximum=MAX_VERSION)
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidInputError("must be a RetryPolicy or None", field="retry")
+        if state is not None and not (isinstance(state, type) and issubclass(state, pydantic.BaseModel)):
+            raise InvalidInputError("must be a pydantic model class or None", field="state")
         return _WorkflowDecorator(self, name, version, retry or RetryPolicy(), state)
 
     def tool(self, name: str | None = None, *, reconciler: Reconciler | None = None) -> _ToolDecorator:
@@ -173,8 +176,8 @@ class Registry:
         (return it unchanged when the new code is replay-compatible).
         """
         _check_name(name)
-        if not all(isinstance(v, int) and v >= 1 for v in (from_version, to_version)):
-            raise InvalidInputError("versions must be ints >= 1", field="from_version")
+        check_int(from_version, "from_version", minimum=1, maximum=MAX_VERSION)
+        check_int(to_version, "to_version", minimum=1, maximum=MAX_VERSION)
         if to_version <= from_version:
             raise InvalidInputError("must be greater than from_version", field="to_version")
 
@@ -196,8 +199,11 @@ class Registry:
         """The workflow registered under ``name`` and ``version``.
 
         Raises:
+            InvalidInputError: ``name`` is not a name or ``version`` not an int >= 1.
             UnknownWorkflowError: nothing is registered under that name and version.
         """
+        _check_name(name)
+        check_int(version, "version", minimum=1, maximum=MAX_VERSION)
         try:
             return self.workflows[(name, version)]
         except KeyError:
@@ -221,6 +227,10 @@ class Registry:
         """Every (workflow, version) a worker with this registry can run, directly or by migration."""
         sources = set(self.workflows) | set(self.migrations)
         return sorted(k for k in sources if self.migration_path(*k) is not None)
+
+
+#: Workflow versions are 32-bit integers in the runs table.
+MAX_VERSION = 2**31 - 1
 
 
 def _check_name(name: object) -> None:
