@@ -32,10 +32,10 @@ from statekeep.working import SQLWorkingStateStore
         (lambda: Settings.load(memory_url=5, env={}), "memory_url"),
         (lambda: Settings.load(memory_url="/tmp/m\x00", env={}), "STATEKEEP_MEMORY_URL"),
         (lambda: Settings.load(env=5), "env"),
-        (lambda: SQLContextStore(None), "STATEKEEP_"),
-        (lambda: WorkflowStore(None), "STATEKEEP_"),
-        (lambda: SQLWorkingStateStore(5), "STATEKEEP_"),
-        (lambda: WorkflowStore("sqlite:////tmp/a\x00b.db"), "STATEKEEP_"),
+        (lambda: SQLContextStore(None), "STATEKEEP_CONTEXT_URL"),
+        (lambda: WorkflowStore(None), "STATEKEEP_WORKFLOW_URL"),
+        (lambda: SQLWorkingStateStore(5), "STATEKEEP_WORKING_URL"),
+        (lambda: WorkflowStore("sqlite:////tmp/a\x00b.db"), "STATEKEEP_WORKFLOW_URL"),
         (lambda: Settings.load(home="h", env={"STATEKEEP_HOME": 5}), "STATEKEEP_HOME"),
         (lambda: Settings.load(home="h", env={}).url_for("bogus"), "store"),
     ],
@@ -44,8 +44,9 @@ def test_bad_settings_are_config_errors_naming_the_setting(
     call: Callable[[], Any], setting: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match=setting):
+    with pytest.raises(ConfigError) as err:
         call()
+    assert err.value.setting == setting
     assert list(tmp_path.iterdir()) == []  # no folder made on the way
 
 
@@ -79,6 +80,18 @@ def test_bad_models_and_agents_are_refused_when_built(
     call: Callable[[], Any], field: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(InvalidInputError, match=field):
+    with pytest.raises(InvalidInputError) as err:
         call()
+    assert err.value.field == field
     assert list(tmp_path.iterdir()) == []  # Runtime.open({}) used to create .statekeep here
+
+
+def test_lenient_where_it_should_be(tmp_path: Path) -> None:
+    """Settings ignore environment entries they never read, take a Path for home; owner "" is the default."""
+    from statekeep.workflow import Engine, Registry
+
+    settings = Settings.load(env={1: "x", "STATEKEEP_OTHER": 5, "STATEKEEP_HOME": tmp_path})  # type: ignore[dict-item]
+    assert settings.home == tmp_path
+    engine = Engine(f"sqlite:///{tmp_path / 'w.db'}", Registry(), owner="")
+    assert engine.owner
+    engine.store.db.dispose()

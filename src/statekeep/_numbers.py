@@ -8,7 +8,9 @@ OverflowError or a driver error halfway through a write.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import numbers
 from datetime import timedelta
 
 from statekeep.errors import InvalidInputError
@@ -19,34 +21,34 @@ MAX_SECONDS = 100 * 366 * 86_400.0
 
 
 def check_int(value: object, field: str, *, minimum: int = 0, maximum: int = MAX_INT) -> int:
-    """An int (not a bool) from ``minimum`` to ``maximum``.
+    """An integer (an int or a numpy integer, not a bool) from ``minimum`` to ``maximum``, as an int.
 
     Raises:
         InvalidInputError: naming ``field``.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+    number = int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
+    if number is None or not minimum <= number <= maximum:
         bound = f">= {minimum}" if maximum == MAX_INT else f"from {minimum} to {maximum}"
         raise InvalidInputError(f"must be an int {bound}", field=field)
-    return value
+    return number
 
 
 def check_seconds(value: object, field: str, *, positive: bool = False) -> float:
-    """A finite number of seconds (not a bool), >= 0 (> 0 if ``positive``), at most a century.
+    """A number of seconds (any real number but a bool), >= 0 (> 0 if ``positive``), at most a century.
+
+    NaN, infinities and ints too big for a float fail the range test.
 
     Raises:
         InvalidInputError: naming ``field``.
     """
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-        or (positive and value == 0)
-        or value > MAX_SECONDS
-    ):
+    seconds = math.nan
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        with contextlib.suppress(OverflowError):
+            seconds = float(value)
+    if not 0 <= seconds <= MAX_SECONDS or (positive and seconds == 0):
         floor = "> 0" if positive else ">= 0"
         raise InvalidInputError(f"must be a finite number of seconds {floor}, at most a century", field=field)
-    return float(value)
+    return seconds
 
 
 def check_duration(value: object, field: str, *, positive: bool = True) -> timedelta:

@@ -68,9 +68,20 @@ class Settings:
         env = os.environ if env is None else env
         if not isinstance(env, Mapping):
             raise ConfigError("env", repr(env), "must be a mapping of environment variables")
-        for variable, setting in env.items():
-            if variable.startswith("STATEKEEP_") and not isinstance(setting, str):
+        read = [
+            "STATEKEEP_DATABASE_URL",
+            "STATEKEEP_MEMORY_URL",
+            *(f"STATEKEEP_{s.upper()}_URL" for s in SQL_STORES),
+        ]
+        for variable in read:
+            setting = env.get(variable)
+            if setting is not None and not isinstance(setting, str):
                 raise ConfigError(variable, repr(setting), f"must be a string, not {type(setting).__name__}")
+        env_home = env.get("STATEKEEP_HOME")
+        if env_home is not None and not isinstance(env_home, str | os.PathLike):
+            raise ConfigError(
+                "STATEKEEP_HOME", repr(env_home), f"must be a folder path, not {type(env_home).__name__}"
+            )
         unknown = set(store_urls) - {f"{s}_url" for s in SQL_STORES}
         if unknown:
             raise ConfigError(sorted(unknown)[0], "", f"unknown setting; per-store URLs are {SQL_STORES}")

@@ -31,9 +31,12 @@ DIM = FakeEmbedder().dimension
         (lambda s: s.remember("alice", "x", kind=[]), "kind"),
         (lambda s: s.remember("alice", "x", kind=5), "kind"),
         (lambda s: s.remember("alice", "x", kind=["semantic"]), "kind"),
-        (lambda s: s.remember("alice", "x", provenance=Provenance(("user_supplied",), trust=0.5)), "source"),
-        (lambda s: s.remember("alice", "x", provenance=Provenance(None, trust=0.5)), "source"),
-        (lambda s: s.remember("alice", "x", provenance=Provenance(["user_supplied"])), "source"),
+        (
+            lambda s: s.remember("alice", "x", provenance=Provenance(("user_supplied",), trust=0.5)),
+            "provenance.source",
+        ),
+        (lambda s: s.remember("alice", "x", provenance=Provenance(None, trust=0.5)), "provenance.source"),
+        (lambda s: s.remember("alice", "x", provenance=Provenance(["user_supplied"])), "provenance.source"),
         (lambda s: s.remember("alice", "x", ttl=timedelta.max), "ttl"),
         (lambda s: s.remember("alice", "x", ttl=3600), "ttl"),
         (lambda s: s.search("alice", "tea", kinds=5), "kinds"),
@@ -46,14 +49,16 @@ DIM = FakeEmbedder().dimension
         (lambda s: s.search("alice", "tea", vector={"a": 1}), "vector"),
         (lambda s: s.search("alice", "tea", vector=[1.0] * (DIM - 1)), "vector"),
         (lambda s: s.remember("alice", "x", tags={"a": 1}), "tags"),
+        (lambda s: s.search("alice", "tea", vector=[[1.0] * (DIM // 2)] * 2), "vector"),
     ],
 )
 def test_bad_arguments_are_refused_and_nothing_is_written(
     make_store: StoreFactory, call: Callable[[MemoryStore], Any], field: str
 ) -> None:
     store = make_store(FakeEmbedder())
-    with pytest.raises(InvalidInputError, match=field):
+    with pytest.raises(InvalidInputError) as err:
         call(store)
+    assert err.value.field == field
     assert store.list_memories("alice") == []
 
 
@@ -95,14 +100,25 @@ def test_a_memory_store_needs_a_real_location(
 def test_store_options_are_checked_when_it_is_built(
     make: Callable[[Path], Any], field: str, tmp_path: Path
 ) -> None:
-    with pytest.raises(InvalidInputError, match=field):
+    with pytest.raises(InvalidInputError) as err:
         make(tmp_path)
+    assert err.value.field == field
     assert list(tmp_path.iterdir()) == []
 
 
 def test_supersede_checks_the_new_kind(make_store: StoreFactory) -> None:
     store = make_store(FakeEmbedder())
     old = store.remember("alice", "Alice drinks tea.")
-    with pytest.raises(InvalidInputError, match="kind"):
+    with pytest.raises(InvalidInputError) as err:
         store.supersede("alice", old.id, "Alice drinks coffee.", kind=[])  # type: ignore[arg-type]
+    assert err.value.field == "kind"
     assert [m.content for m in store.list_memories("alice")] == ["Alice drinks tea."]
+
+
+def test_checking_an_embedder_does_not_load_its_model(tmp_path: Path) -> None:
+    """A sentence-transformers embedder loads on first use; building a store must not load it."""
+    from statekeep.memory import SentenceTransformerEmbedder
+
+    lazy = SentenceTransformerEmbedder(str(tmp_path / "no-model-here"))
+    store = InMemoryMemoryStore(lazy)  # would raise EmbedderError if the check read .dimension
+    assert store.embedder is lazy

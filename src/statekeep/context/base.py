@@ -15,6 +15,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from statekeep._numbers import MAX_INT
 from statekeep.context import compaction
 from statekeep.context._log import Draft, Head, LogView, summary_event
 from statekeep.context._types import Event, Message, Summary
@@ -136,7 +137,8 @@ class ContextStore(ABC):
     def events(self, session_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
         """Stored events of a session with ``after < seq <= upto``, oldest first."""
         check_session_id(session_id)
-        check_seq(after, "after")
+        if check_seq(after, "after") == MAX_INT:
+            return []  # nothing comes after the last 64-bit sequence number
         with self._view() as view:
             last = upto if upto is not None else (view.head(session_id) or Head(0, 0, 0)).last_seq
             return view.range(session_id, after + 1, check_seq(last, "upto"))

@@ -35,7 +35,7 @@ def check_budget(budget: object) -> int:
 
 def check_seq(value: object, field: str) -> int:
     """A sequence number: an int from 0 to 2**63 - 1 (a 64-bit column)."""
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < MAX_INT:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INT:
         raise InvalidInputError(f"must be an int >= 0 (64-bit), got {value!r}", field=field)
     return value
 

@@ -31,7 +31,13 @@ from statekeep.memory._types import (
     SearchResult,
     SourceKind,
 )
-from statekeep.memory.embedders import Embedder, SentenceTransformerEmbedder, Vectors, check_vectors
+from statekeep.memory.embedders import (
+    Embedder,
+    SentenceTransformerEmbedder,
+    Vectors,
+    check_vectors,
+    is_embedder,
+)
 
 #: Cosine similarity at or above which a new memory is linked to an existing one as a duplicate.
 DEFAULT_DUPLICATE_THRESHOLD = 0.92
@@ -89,7 +95,7 @@ class MemoryStore(ABC):
             or not 0 < duplicate_threshold <= 1
         ):
             raise InvalidInputError("must be in (0, 1], or None to turn it off", field="duplicate_threshold")
-        if embedder is not None and not isinstance(embedder, Embedder):
+        if embedder is not None and not is_embedder(embedder):
             raise InvalidInputError(
                 f"must be an Embedder (name, dimension, embed), not {type(embedder).__name__}",
                 field="embedder",
@@ -310,9 +316,12 @@ class MemoryStore(ABC):
             raise InvalidInputError(want, field="vector")
         try:
             with np.errstate(over="ignore"):
-                arr = np.asarray(vector, dtype=np.float32).reshape(1, -1)
+                flat = np.asarray(vector, dtype=np.float32)
         except (TypeError, ValueError):
             raise InvalidInputError(want, field="vector") from None
+        if flat.ndim != 1:
+            raise InvalidInputError(want + " (one vector, not a batch)", field="vector")
+        arr = flat.reshape(1, -1)
         if arr.shape[1] != self.embedder.dimension or not np.isfinite(arr).all() or not arr.any():
             raise InvalidInputError(want, field="vector")
         checked: Vectors = check_vectors(self.embedder, arr, 1)[0]

@@ -8,6 +8,7 @@ compared in one search.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import re
 import threading
@@ -176,6 +177,21 @@ class FakeEmbedder:
 
     def __repr__(self) -> str:
         return f"FakeEmbedder(dimension={self._dimension}, name={self._name!r})"
+
+
+def is_embedder(value: object) -> bool:
+    """Whether ``value`` has an embedder's name, dimension and embed, judged without reading them.
+
+    ``isinstance(value, Embedder)`` reads properties on Python 3.11, and a
+    sentence-transformers embedder's ``dimension`` loads its model: a check must
+    not cost seconds, nor fail on a model path that only the first use needs.
+    """
+    try:
+        for attribute in ("name", "dimension", "embed"):
+            inspect.getattr_static(value, attribute)
+    except AttributeError:
+        return False
+    return True
 
 
 def check_vectors(embedder: Embedder, vectors: Vectors, count: int) -> Vectors:

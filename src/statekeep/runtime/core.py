@@ -67,9 +67,9 @@ class Runtime:
                 f"must be Settings.load(...) or None, not {type(settings).__name__}", field="settings"
             )
         if embedder is not None:
-            from statekeep.memory import Embedder as EmbedderProtocol  # memory loads on first use
+            from statekeep.memory.embedders import is_embedder  # memory loads on first use
 
-            if not isinstance(embedder, EmbedderProtocol):
+            if not is_embedder(embedder):
                 kind = type(embedder).__name__
                 raise InvalidInputError(f"must be an Embedder, not {kind}", field="embedder")
         settings = Settings.load() if settings is None else settings

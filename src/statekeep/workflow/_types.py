@@ -161,7 +161,10 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        return float(min(self.max_backoff, self.backoff * self.factor ** (attempt - 1)))
+        try:
+            return float(min(self.max_backoff, self.backoff * self.factor ** (attempt - 1)))
+        except OverflowError:  # a late attempt of a steep policy: the cap applies
+            return float(self.max_backoff)
 
 
 @dataclass(frozen=True, slots=True)

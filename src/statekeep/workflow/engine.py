@@ -76,7 +76,7 @@ class Engine:
         check_seconds(lease, "lease", positive=True)
         if not isinstance(registry, Registry):
             raise InvalidInputError(f"must be a Registry, not {type(registry).__name__}", field="registry")
-        if owner is not None:
+        if owner:  # None or "" means: this host, process and a random suffix
             check_id(owner, "owner")
         if state_store is not None and not isinstance(state_store, WorkingStateStore):
             raise InvalidInputError(

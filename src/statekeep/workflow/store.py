@@ -61,7 +61,7 @@ class RunStore:
     """Runs, leases, journal and ledger in SQLite or PostgreSQL (see ``WorkflowStore``)."""
 
     def __init__(self, db: Database | str) -> None:
-        self.db = db if isinstance(db, Database) else Database(db)
+        self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_WORKFLOW_URL")
         setup(self.db)
 
     # --- runs -----------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class RunStore:
         if workflow is not None:
             q = q.where(runs.c.workflow == check_id(workflow, "workflow"))
         if parent_id is not None:
-            q = q.where(runs.c.parent_id == check_run_id(parent_id))
+            q = q.where(runs.c.parent_id == check_id(parent_id, "parent_id"))
         with self.db.read() as conn:
             return [codec.run_record(r) for r in conn.execute(q).mappings()]
 

@@ -24,8 +24,8 @@ def sleep(ctx: RunContext, name: str, seconds: float | None, until: datetime | N
     """Park the run as ``sleeping`` until the due time; a no-op once it has passed."""
     if (seconds is None) == (until is None):
         raise InvalidInputError("give exactly one of seconds or until", field="seconds")
-    if seconds is not None:
-        check_seconds(seconds, "seconds")
+    if seconds is not None:  # a deadline already past (negative seconds) is a sleep of 0
+        seconds = check_seconds(_not_below_zero(seconds), "seconds")
     if until is not None and (not isinstance(until, datetime) or until.tzinfo is None):
         raise InvalidInputError("must be a timezone-aware datetime", field="until")
     seq, recorded = ctx._position(name, "sleep")
@@ -44,7 +44,7 @@ def sleep(ctx: RunContext, name: str, seconds: float | None, until: datetime | N
 def wait_for_event(ctx: RunContext, name: str, timeout: float | None, default: Any) -> Any:
     """Consume the next event ``name`` sent to the run, waiting durably until it arrives or times out."""
     if timeout is not None:
-        check_seconds(timeout, "timeout")
+        timeout = check_seconds(_not_below_zero(timeout), "timeout")
     seq, recorded = ctx._position(name, "event")
     if recorded is not None:
         value = recorded.value
@@ -92,6 +92,13 @@ def child(
         if engine.store._get(conn, run_id).status.finished:
             store.wake(conn, ctx.run_id, [RunStatus.WAITING_FOR_CHILD])
     raise Suspended(ctx.run_id, RunStatus.WAITING_FOR_CHILD.value, {"child": run_id})
+
+
+def _not_below_zero(seconds: object) -> object:
+    """``seconds``, with a negative number (a deadline already past) as 0; anything else unchanged."""
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds < 0:
+        return 0.0
+    return seconds
 
 
 def _due(

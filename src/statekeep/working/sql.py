@@ -107,7 +107,7 @@ class SQLWorkingStateStore(WorkingStateStore):
 
     def __init__(self, db: Database | str, migrations: StateMigrations | None = None) -> None:
         super().__init__(migrations)
-        self.db = db if isinstance(db, Database) else Database(db)
+        self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_WORKING_URL")
         setup(self.db)
 
     def _append(self, record: StateVersion, expected: int | None) -> StateVersion:
