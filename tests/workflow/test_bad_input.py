@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from statekeep.errors import InvalidInputError
+from statekeep.errors import InvalidInputError, UnknownWorkflowError
 from statekeep.workflow import Engine, Registry, RetryPolicy, RunContext, RunStatus, Step, Worker
 
 from .conftest import EngineFactory
@@ -188,3 +188,18 @@ def test_numbers_at_the_edges() -> None:
     assert check_int(np.int64(16), "nprobes") == 16
     assert check_seconds(np.float32(0.5), "poll") == 0.5
     assert RetryPolicy(attempts=1000, backoff=1.0, factor=3, max_backoff=60.0).delay(700) == 60.0
+
+
+def test_run_refuses_a_workflow_this_engine_cannot_run_before_writing(make_engine: EngineFactory) -> None:
+    """run() used to write the run, then fail to execute it; start() still enqueues it for workers."""
+    elsewhere = Registry()
+
+    @elsewhere.workflow("remote", version=1)
+    def remote(ctx: RunContext) -> int:
+        return 1
+
+    engine = make_engine(Registry())
+    with pytest.raises(UnknownWorkflowError):
+        engine.run(remote, "r")
+    assert engine.store.find("r") is None
+    assert engine.start(remote, "r").status is RunStatus.PENDING  # for a worker with the code

@@ -27,6 +27,7 @@ from statekeep.errors import (
     StatekeepError,
     StorageError,
     Suspended,
+    UnknownWorkflowError,
     WorkflowVersionError,
 )
 from statekeep.workflow import codec, store
@@ -125,9 +126,16 @@ class Engine:
 
         Raises:
             InvalidInputError: bad run id or non-JSON input; nothing was written.
+            UnknownWorkflowError: this engine's registry cannot run ``workflow`` (neither
+                registered nor migratable); nothing was written. :meth:`start` enqueues a
+                run for workers whose registry can.
             RunConflictError: the id belongs to another workflow or input.
             NonDeterminismError, StepOutputError, WorkflowVersionError: the code is wrong for this run.
         """
+        if isinstance(workflow, Workflow):
+            name, version = workflow.name, workflow.version
+            if self.registry.migration_path(name, version) is None:
+                raise UnknownWorkflowError("workflow", name, version)
         return self._take_and_execute(self._open(workflow, run_id, args, kwargs))
 
     def resume(self, run_id: str) -> Run:
