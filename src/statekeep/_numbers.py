@@ -33,10 +33,11 @@ def check_int(value: object, field: str, *, minimum: int = 0, maximum: int = MAX
     return number
 
 
-def check_seconds(value: object, field: str, *, positive: bool = False) -> float:
+def check_seconds(value: object, field: str, *, positive: bool = False, past_is_zero: bool = False) -> float:
     """A number of seconds (any real number but a bool), >= 0 (> 0 if ``positive``), at most a century.
 
-    NaN, infinities and ints too big for a float fail the range test.
+    NaN, infinities and ints too big for a float fail the range test. With
+    ``past_is_zero``, a negative number (a deadline already past) is 0.
 
     Raises:
         InvalidInputError: naming ``field``.
@@ -45,6 +46,8 @@ def check_seconds(value: object, field: str, *, positive: bool = False) -> float
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         with contextlib.suppress(OverflowError):
             seconds = float(value)
+    if past_is_zero and seconds < 0:
+        seconds = 0.0
     if not 0 <= seconds <= MAX_SECONDS or (positive and seconds == 0):
         floor = "> 0" if positive else ">= 0"
         raise InvalidInputError(f"must be a finite number of seconds {floor}, at most a century", field=field)

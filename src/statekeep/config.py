@@ -68,31 +68,17 @@ class Settings:
         env = os.environ if env is None else env
         if not isinstance(env, Mapping):
             raise ConfigError("env", repr(env), "must be a mapping of environment variables")
-        read = [
-            "STATEKEEP_DATABASE_URL",
-            "STATEKEEP_MEMORY_URL",
-            *(f"STATEKEEP_{s.upper()}_URL" for s in SQL_STORES),
-        ]
-        for variable in read:
-            setting = env.get(variable)
-            if setting is not None and not isinstance(setting, str):
-                raise ConfigError(variable, repr(setting), f"must be a string, not {type(setting).__name__}")
-        env_home = env.get("STATEKEEP_HOME")
-        if env_home is not None and not isinstance(env_home, str | os.PathLike):
-            raise ConfigError(
-                "STATEKEEP_HOME", repr(env_home), f"must be a folder path, not {type(env_home).__name__}"
-            )
+        _check_folder(env.get("STATEKEEP_HOME"), "STATEKEEP_HOME")
+        _check_folder(home, "home")
         unknown = set(store_urls) - {f"{s}_url" for s in SQL_STORES}
         if unknown:
             raise ConfigError(sorted(unknown)[0], "", f"unknown setting; per-store URLs are {SQL_STORES}")
         for name, value in {"database_url": database_url, "memory_url": memory_url, **store_urls}.items():
             if value is not None and not isinstance(value, str):
                 raise ConfigError(name, repr(value), f"must be a URL string, not {type(value).__name__}")
-        if home is not None and not isinstance(home, str | os.PathLike):
-            raise ConfigError("home", repr(home), f"must be a folder path, not {type(home).__name__}")
         root = Path(home or env.get("STATEKEEP_HOME") or ".statekeep")
         if "\x00" in str(root):
-            raise ConfigError("STATEKEEP_HOME", str(root).replace("\x00", "\\x00"), "contains NUL")
+            raise ConfigError("STATEKEEP_HOME", str(root), "contains a NUL character")
         db_url = database_url or env.get("STATEKEEP_DATABASE_URL") or f"sqlite:///{root}/statekeep.db"
         normalize_url(db_url, setting="STATEKEEP_DATABASE_URL")
         urls = {}
@@ -163,7 +149,7 @@ def parse_memory_url(url: str) -> MemoryURL:
     if not url or not url.strip():
         raise ConfigError(setting, url, "empty")
     if "\x00" in url:
-        raise ConfigError(setting, url.replace("\x00", "\\x00"), "contains a NUL character")
+        raise ConfigError(setting, url, "contains a NUL character")
     if url.startswith(("postgresql", "postgres:")):
         return MemoryURL("pgvector", normalize_url(url, setting=setting).render_as_string(False))
     if url.startswith("lancedb://"):
@@ -174,6 +160,12 @@ def parse_memory_url(url: str) -> MemoryURL:
     if "://" in url:
         raise ConfigError(setting, url, "use a folder path, lancedb://folder, or postgresql://...")
     return MemoryURL("lancedb", url)
+
+
+def _check_folder(value: object, setting: str) -> None:
+    """None, or a folder path (a string or a PathLike); URLs in the environment are checked when parsed."""
+    if value is not None and not isinstance(value, str | os.PathLike):
+        raise ConfigError(setting, repr(value), f"must be a folder path, not {type(value).__name__}")
 
 
 def _ensure_folder(path: Path, setting: str) -> None:

@@ -71,7 +71,8 @@ class ConfigError(StatekeepError):
         self.setting = setting
         self.value = value
         self.reason = reason
-        super().__init__(f"{setting}={redact_url(value)!s}: {reason}")
+        shown = redact_url(value).replace("\x00", "\\x00")  # a NUL would cut the message short
+        super().__init__(f"{setting}={shown}: {reason}")
 
 
 class MissingDependencyError(StatekeepError):

@@ -31,7 +31,7 @@ def normalize_url(url: str | URL, *, setting: str = "STATEKEEP_DATABASE_URL") ->
     if not isinstance(url, str | URL):
         raise ConfigError(setting, repr(url), f"must be a URL string, not {type(url).__name__}")
     if "\x00" in str(url):
-        raise ConfigError(setting, str(url).replace("\x00", "\\x00"), "contains a NUL character")
+        raise ConfigError(setting, str(url), "contains a NUL character")
     try:
         parsed = make_url(url) if isinstance(url, str) else url
     except sa.exc.ArgumentError as exc:

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 import pydantic
 
 from statekeep._numbers import check_int
-from statekeep._text import check_id
 from statekeep.errors import (
     ConfigError,
     InvalidInputError,
@@ -197,7 +196,8 @@ class RunContext:
     # --- the shared core ------------------------------------------------------------------
 
     def _position(self, name: str, kind: str) -> tuple[int, StepRecord | None]:
-        check_id(name, f"{kind} name")
+        # ``name`` is checked where it enters: Step(), the registry (tools, child workflows)
+        # and the waits, so the hot path of a step does not check it twice.
         self._seq += 1
         recorded = self._journal.get(self._seq)
         if recorded is not None and (recorded.name, recorded.kind) != (name, kind):

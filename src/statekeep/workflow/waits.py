@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from statekeep._numbers import check_seconds
+from statekeep._text import check_id
 from statekeep.errors import ChildRunFailedError, InvalidInputError, Suspended
 from statekeep.workflow import codec, gates, store
 from statekeep.workflow._types import RunStatus
@@ -25,10 +26,10 @@ def sleep(ctx: RunContext, name: str, seconds: float | None, until: datetime | N
     if (seconds is None) == (until is None):
         raise InvalidInputError("give exactly one of seconds or until", field="seconds")
     if seconds is not None:  # a deadline already past (negative seconds) is a sleep of 0
-        seconds = check_seconds(_not_below_zero(seconds), "seconds")
+        seconds = check_seconds(seconds, "seconds", past_is_zero=True)
     if until is not None and (not isinstance(until, datetime) or until.tzinfo is None):
         raise InvalidInputError("must be a timezone-aware datetime", field="until")
-    seq, recorded = ctx._position(name, "sleep")
+    seq, recorded = ctx._position(check_id(name, "sleep name"), "sleep")
     if recorded is not None:
         return
     due = _due(ctx, seq, "sleep", seconds, until)
@@ -44,8 +45,8 @@ def sleep(ctx: RunContext, name: str, seconds: float | None, until: datetime | N
 def wait_for_event(ctx: RunContext, name: str, timeout: float | None, default: Any) -> Any:
     """Consume the next event ``name`` sent to the run, waiting durably until it arrives or times out."""
     if timeout is not None:
-        timeout = check_seconds(_not_below_zero(timeout), "timeout")
-    seq, recorded = ctx._position(name, "event")
+        timeout = check_seconds(timeout, "timeout", past_is_zero=True)
+    seq, recorded = ctx._position(check_id(name, "event name"), "event")
     if recorded is not None:
         value = recorded.value
         return value["payload"] if value["received"] else default
@@ -92,13 +93,6 @@ def child(
         if engine.store._get(conn, run_id).status.finished:
             store.wake(conn, ctx.run_id, [RunStatus.WAITING_FOR_CHILD])
     raise Suspended(ctx.run_id, RunStatus.WAITING_FOR_CHILD.value, {"child": run_id})
-
-
-def _not_below_zero(seconds: object) -> object:
-    """``seconds``, with a negative number (a deadline already past) as 0; anything else unchanged."""
-    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds < 0:
-        return 0.0
-    return seconds
 
 
 def _due(
