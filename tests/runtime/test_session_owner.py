@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
 
+from statekeep.cli import main
 from statekeep.config import Settings
 from statekeep.context import Message
 from statekeep.context import sql as context_sql
@@ -154,3 +156,38 @@ def test_a_session_from_before_owners_goes_to_the_owner_of_its_first_run(
         rt.run(CHAT, "a-2", owner="alice", task="Still there?", session_id="s")
         assert len(rt.context.events("s")) == 4
         assert SECRET in str(model.calls[0])  # alice's own conversation, to alice
+
+
+def _cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["statekeep", *args])
+    monkeypatch.setenv("COLUMNS", "250")
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_context_show_names_the_owner_and_refuses_another(
+    rt: Runtime,
+    model: ScriptedModel,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """statekeep context show prints the session's owner; with --owner of someone else it shows nothing."""
+    _alice_told_a_secret(rt, model)
+    base = ("--database-url", settings.database_url, "--home", str(settings.home))
+    code, out = _cli(monkeypatch, capsys, "context", "show", "s", *base)
+    assert code == 0
+    assert "owner: alice" in out
+    assert SECRET in out
+    code, out = _cli(monkeypatch, capsys, "context", "show", "s", "--owner", "alice", *base)
+    assert code == 0
+    assert SECRET in out
+    code, out = _cli(monkeypatch, capsys, "context", "show", "s", "--owner", "bob", *base)
+    assert code == 1
+    assert SECRET not in out
+    assert out.strip() == "error: session 's' belongs to owner 'alice', not to owner 'bob'"
