@@ -196,7 +196,12 @@ class Runtime:
             SessionOwnerError: the session belongs to another owner; nothing was written.
         """
         context = self.context
-        if context.owner_of(session_id) is None and context.last_seq(session_id) > 0:
+        current = context.owner_of(session_id)
+        if current == owner:
+            return  # an owner, once recorded, never changes: one read on every later run
+        if current is not None:
+            raise SessionOwnerError(session_id, owner, current)
+        if context.last_seq(session_id) > 0:
             first = self._first_owner(session_id)
             if first is not None:
                 with suppress(SessionOwnerError):  # claimed meanwhile: the claim below names that owner
