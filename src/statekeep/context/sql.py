@@ -364,6 +364,9 @@ class SQLContextStore(ContextStore):
         self._entry_cache = _EntryCache()
         setup(self.db)
 
+    def close(self) -> None:
+        self.db.dispose()
+
     @contextmanager
     def _view(self) -> Iterator[LogView]:
         with self.db.read("reading the context log") as conn:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from statekeep._numbers import MAX_INT
 from statekeep.config import Settings
-from statekeep.context import SQLContextStore
+from statekeep.context import ContextStore, SQLContextStore
 from statekeep.db import Database
 from statekeep.errors import InvalidInputError, SessionOwnerError
 from statekeep.models import AsyncModel, Model
@@ -16,7 +16,7 @@ from statekeep.runtime.agent import Agent, AgentState, check_run
 from statekeep.runtime.scope import current_scope, turn_limit
 from statekeep.runtime.steps import AgentSteps
 from statekeep.workflow import Engine, Registry, Run, RunContext, Worker, Workflow
-from statekeep.working import SQLWorkingStateStore
+from statekeep.working import SQLWorkingStateStore, WorkingStateStore
 
 if TYPE_CHECKING:
     from statekeep.memory import Embedder, Memory, MemoryKind, MemoryStore, SourceKind
@@ -40,8 +40,8 @@ class Runtime:
         self,
         *,
         engine: Engine,
-        context: SQLContextStore,
-        working: SQLWorkingStateStore,
+        context: ContextStore,
+        working: WorkingStateStore,
         memory: Callable[[], MemoryStore],
         model: Model | AsyncModel,
     ) -> None:
@@ -269,9 +269,8 @@ class Runtime:
         if self._memory is not None:
             self._memory.close()
             self._memory = None
-        self.engine.store.close()
-        for db in {id(s.db): s.db for s in (self.context, self.working)}.values():
-            db.dispose()
+        for store in (self.engine.store, self.context, self.working):
+            store.close()  # stores that share a database each release it; a second dispose is a no-op
 
     def __enter__(self) -> Runtime:
         return self
