@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -151,6 +152,9 @@ class Tally(WorkingState):
 #: that the runs of a killed worker are taken up again soon.
 LEASE = 2.0
 NAP = 0.02
+#: How long the child's tool takes before its effect. Long enough that a worker resuming the
+#: parent inline (or its heartbeat) meets another worker still inside the call on the child.
+SLOW_CALL = 0.3
 PING_TIMEOUT = 0.03
 #: (name, kind, carries a state version) of every journal entry of a parent and of its child.
 PARENT_JOURNAL = [
@@ -187,6 +191,7 @@ def shapes_registry(work: Path, faults: Faults) -> Registry:
 
     @registry.tool("charge", reconciler=reconciler)
     def charge(key: str, n: int) -> dict[str, int]:
+        time.sleep(SLOW_CALL)  # a slow provider: a worker is often inside the call when another looks
         append(actions, f"effect {key}")
         faults.hit("tool_started")
         return {"charged": n}
