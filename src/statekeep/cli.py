@@ -59,9 +59,9 @@ def _settings(database_url: str | None, home: str | None, memory_url: str | None
 
 
 def _workflow(database_url: str | None, home: str | None) -> WorkflowStore:
-    from statekeep.workflow import WorkflowStore
+    from statekeep.workflow import SQLWorkflowStore
 
-    return WorkflowStore(_settings(database_url, home).url_for("workflow"))
+    return SQLWorkflowStore(_settings(database_url, home).url_for("workflow"))
 
 
 def _memory(database_url: str | None, home: str | None, memory_url: str | None) -> MemoryStore:
@@ -425,14 +425,14 @@ def context_show(
 def db_upgrade(database_url: DatabaseURL = None, home: Home = None) -> None:
     """Create or upgrade every SQL store's tables (idempotent; safe from many workers)."""
     from statekeep.context import SQLContextStore
-    from statekeep.workflow import WorkflowStore
+    from statekeep.workflow import SQLWorkflowStore
     from statekeep.working import SQLWorkingStateStore
 
     settings = _settings(database_url, home)
     for name, open_store in (
         ("context", SQLContextStore),
         ("working", SQLWorkingStateStore),
-        ("workflow", WorkflowStore),
+        ("workflow", SQLWorkflowStore),
     ):
         store = open_store(settings.url_for(name))
         console.print(f"{name}: up to date")

@@ -29,7 +29,7 @@ def make_engine(database_url: str) -> Iterator[EngineFactory]:
 
     yield _make
     for engine in made:
-        engine.store.db.dispose()
+        engine.store.close()
 
 
 def fork(target: Callable[[], None]) -> int:

@@ -94,7 +94,7 @@ def prepare(url: str) -> Engine:
     engine = Engine(
         Database(url), workload.build(Path("/nonexistent"), workload.Faults(None, 0), reconcile=True)
     )
-    engine.store.db.dispose()  # nothing pooled across fork
+    engine.store.close()  # nothing pooled across fork
     return engine
 
 
@@ -117,7 +117,7 @@ def test_invariants_1_and_3_survive_sigkill_with_a_reconciler(
     charges = Counter(lines(tmp_path / "effects.log"))
     assert sorted(charges) == sorted(f"{run.run_id}/3/0" for run in runs)
     assert set(charges.values()) == {1}
-    engine.store.db.dispose()
+    engine.store.close()
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -146,4 +146,4 @@ def test_invariant_3_ambiguous_calls_are_surfaced_never_repeated(
         else:
             assert run.status is RunStatus.COMPLETED
             assert [c.status for c in engine.store.tool_calls(run.run_id)] == ["completed"]
-    engine.store.db.dispose()
+    engine.store.close()

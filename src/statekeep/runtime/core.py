@@ -197,7 +197,8 @@ class Runtime:
         if self._memory is not None:
             self._memory.close()
             self._memory = None
-        for db in {id(s.db): s.db for s in (self.engine.store, self.context, self.working)}.values():
+        self.engine.store.close()
+        for db in {id(s.db): s.db for s in (self.context, self.working)}.values():
             db.dispose()
 
     def __enter__(self) -> Runtime:

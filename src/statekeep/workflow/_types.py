@@ -82,8 +82,12 @@ class StepRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCall:
-    """One tool call in the ledger. ``status`` is ``started`` or ``completed``."""
+class LedgerEntry:
+    """One tool call in the ledger. ``status`` is ``started`` or ``completed``.
+
+    ``key`` is the call's idempotency key (``<run id>/<seq>/<call index>``); ``args``
+    and ``kwargs`` are the arguments as recorded before the tool ran.
+    """
 
     run_id: str
     seq: int
