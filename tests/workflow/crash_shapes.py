@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 
 from statekeep.db import Database
-from statekeep.workflow import Engine, Reconciliation, Registry, RunContext, ToolCall, Worker
+from statekeep.workflow import Engine, LedgerEntry, Reconciliation, Registry, RunContext, Worker
 from statekeep.working import SQLWorkingStateStore, WorkingState
 
 from .conftest import append, lines
@@ -123,17 +123,17 @@ def take_notes_registry(faults: Faults) -> Registry:
     return registry
 
 
-def notes_engine(url: str, state_url: str | None, faults: Faults) -> tuple[Engine, SQLWorkingStateStore]:
-    """An engine over ``url`` with its working state in the same Database, or in ``state_url``."""
-    db = Database(url)
+def notes_engine(db: Database, state_db: Database, faults: Faults) -> tuple[Engine, SQLWorkingStateStore]:
+    """An engine over ``db`` with its working state in ``state_db`` (the same Database, or not)."""
     faults.watch(db)
-    states = SQLWorkingStateStore(db if state_url is None else Database(state_url))
+    states = SQLWorkingStateStore(state_db)
     return Engine(db, take_notes_registry(faults), state_store=states), states
 
 
 def take_notes_child(url: str, state_url: str | None, run_id: str, point: str | None, n: int) -> None:
     """Start or resume one take-notes run; die at the chosen fault."""
-    engine, _ = notes_engine(url, state_url, Faults(point, n))
+    db = Database(url)
+    engine, _ = notes_engine(db, db if state_url is None else Database(state_url), Faults(point, n))
     engine.run(engine.registry.get("take-notes", 1), run_id, "ducks")
 
 
@@ -185,7 +185,7 @@ def shapes_registry(work: Path, faults: Faults) -> Registry:
     registry = Registry()
     actions = work / "actions.log"
 
-    def reconciler(call: ToolCall) -> Reconciliation:
+    def reconciler(call: LedgerEntry) -> Reconciliation:
         found = f"effect {call.key}" in lines(actions)
         return Reconciliation(found, {"charged": call.args[0]} if found else None)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from statekeep.db import Database
 from statekeep.workflow import Engine, RunStatus
 
 from . import fencing_workload as fencing
@@ -77,11 +78,11 @@ PAUSES = [
 class Procs:
     """The processes of one test; whatever is left is killed at the end."""
 
-    def __init__(self, console: Engine) -> None:
-        self.console, self.pids = console, list[int]()
+    def __init__(self, db: Database) -> None:
+        self.db, self.pids = db, list[int]()
 
     def fork(self, target: Callable[[], None]) -> int:
-        self.console.store.db.dispose()  # nothing pooled across fork
+        self.db.dispose()  # nothing pooled across fork
         pid = fork(target)
         self.pids.append(pid)
         return pid
@@ -133,8 +134,9 @@ def test_a_stale_worker_is_refused_at_every_point_around_a_child(
 ) -> None:
     """A frozen past its lease, B takes over, A wakes: A's writes refused, one real call per key."""
     url, work = database_url, tmp_path
-    console = Engine(url, fencing.build(), owner="console", lease=LEASE)
-    procs = Procs(console)
+    db = Database(url)
+    console = Engine(db, fencing.build(), owner="console", lease=LEASE)
+    procs = Procs(db)
     try:
         console.start(console.registry.get("parent", 1), PARENT, pause.go != "none")
         a = procs.fork(lambda: fencing.worker("A", url, work, {pause.a_stop: "stop"}, once=True))
@@ -166,7 +168,7 @@ def test_a_stale_worker_is_refused_at_every_point_around_a_child(
         check(console, work, pause, before)
     finally:
         procs.cleanup()
-        console.store.db.dispose()
+        db.dispose()
 
 
 def check(console: Engine, work: Path, pause: Pause, before: dict[tuple[str, int], str]) -> None:
@@ -205,8 +207,9 @@ def test_resuming_a_parent_inline_leaves_a_live_claim_on_its_child_alone(
 ) -> None:
     """An orphaned child claimed by W; its parent resumed inline by R: R waits, W finishes, unfenced."""
     url, work = database_url, tmp_path
-    console = Engine(url, fencing.build(), owner="console", lease=LEASE)
-    procs = Procs(console)
+    db = Database(url)
+    console = Engine(db, fencing.build(), owner="console", lease=LEASE)
+    procs = Procs(db)
     try:
         console.start(console.registry.get("parent", 1), PARENT, True)
         a = procs.fork(lambda: fencing.worker("A", url, work, {"in:k0": "kill"}, once=True))
@@ -244,4 +247,4 @@ def test_resuming_a_parent_inline_leaves_a_live_claim_on_its_child_alone(
     finally:
         (work / "release").touch()
         procs.cleanup()
-        console.store.db.dispose()
+        db.dispose()

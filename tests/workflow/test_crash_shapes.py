@@ -81,7 +81,9 @@ def test_take_notes_killed_anywhere_ends_with_three_lines_and_three_versions(
 
 
 def check_take_notes(url: str, state_url: str | None, run_id: str, *, orphans_allowed: int) -> None:
-    engine, states = shapes.notes_engine(url, state_url, shapes.Faults(None, 0))
+    db = Database(url)
+    state_db = db if state_url is None else Database(state_url)
+    engine, states = shapes.notes_engine(db, state_db, shapes.Faults(None, 0))
     try:
         run = engine.store.get(run_id)
         assert (run.status, run.output) == (RunStatus.COMPLETED, 3), (run.status, run.error)
@@ -110,8 +112,8 @@ def check_take_notes(url: str, state_url: str | None, run_id: str, *, orphans_al
         checkpoint = engine.store.checkpoint(run_id)
         assert (checkpoint.state_version, checkpoint.cursor) == (referenced[-1], 3)
     finally:
-        engine.store.db.dispose()
-        states.db.dispose()
+        db.dispose()
+        state_db.dispose()
 
 
 # --- part 4: workflows of every shape under killed workers --------------------------------------------
@@ -122,14 +124,14 @@ WORKERS = 3
 class Crew:
     """The worker processes of one test: spawned, killed, reaped; every kill is counted."""
 
-    def __init__(self, url: str, work: Path, engine: Engine, rng: random.Random) -> None:
-        self.url, self.work, self.engine, self.rng = url, work, engine, rng
+    def __init__(self, url: str, work: Path, db: Database) -> None:
+        self.url, self.work, self.db = url, work, db
         self.kills: Counter[str] = Counter()
         self.live: dict[int, tuple[str | None, float, str]] = {}  # pid -> (point, kill time, owner)
         self.spawned = self.point_workers = 0
 
     def spawn(self, point: str | None, n: int, lifetime: float, idle_exit: float | None = None) -> None:
-        self.engine.store.db.dispose()  # nothing pooled across fork
+        self.db.dispose()  # nothing pooled across fork
         self.spawned += 1
         owner = f"w{self.spawned}"
         pid = fork(lambda: shapes.shapes_worker(self.url, self.work, owner, point, n, idle_exit))
@@ -160,11 +162,11 @@ class Crew:
 
 
 def drive_shapes(
-    url: str, work: Path, engine: Engine, *, point_kills: int, random_kills: int, seed: int
+    url: str, work: Path, db: Database, engine: Engine, *, point_kills: int, random_kills: int, seed: int
 ) -> Counter[str]:
     """Start runs and send their events while workers are killed and replaced; return kills by kind."""
     rng = random.Random(seed)
-    crew = Crew(url, work, engine, rng)
+    crew = Crew(url, work, db)
     shaped = engine.registry.get("shapes", 1)
     started = 0
     go_due: dict[str, float] = {}  # run id -> when the test sends it "go"
@@ -199,7 +201,7 @@ def drive_shapes(
         go_due.clear()
         if not engine.store.list_runs(status=LIVE, limit=1):
             break
-        engine.store.db.dispose()
+        db.dispose()
         pids = [
             fork(
                 functools.partial(
@@ -228,8 +230,13 @@ def send_events(engine: Engine, go_due: dict[str, float], rng: random.Random) ->
 def check_shapes(engine: Engine, states: SQLWorkingStateStore, work: Path) -> int:
     """Every invariant of every run; return how many parent runs there were."""
     runs = engine.store.list_runs(limit=1_000_000)
-    stuck = [(r.run_id, r.status.value, r.error) for r in runs if r.status is not RunStatus.COMPLETED]
-    assert not stuck, f"runs that did not complete: {stuck[:10]}"
+    status = {r.run_id: r.status.value for r in runs}
+    stuck = [
+        (r.run_id, r.status.value, r.error, r.waiting, status.get(shapes.child_id(r.run_id)))
+        for r in runs
+        if r.status is not RunStatus.COMPLETED
+    ]
+    assert not stuck, f"runs that did not complete (id, status, error, waiting, child): {stuck[:10]}"
     parents = [r for r in runs if r.workflow == "shapes"]
     assert len(runs) == 2 * len(parents)
     execs: dict[str, list[str]] = defaultdict(list)
@@ -302,7 +309,9 @@ def test_shapes_survive_killed_workers(backend: str, request: pytest.FixtureRequ
     engine = Engine(db, shapes.shapes_registry(tmp_path, shapes.Faults(None, 0)), state_store=states)
     scale = crash_scale()
     try:
-        kills = drive_shapes(url, tmp_path, engine, point_kills=24 * scale, random_kills=16 * scale, seed=4)
+        kills = drive_shapes(
+            url, tmp_path, db, engine, point_kills=24 * scale, random_kills=16 * scale, seed=4
+        )
         tally_kills(request, sum(kills.values()))
         assert all(kills[p] >= 3 * scale for p in shapes.POINTS), kills
         assert check_shapes(engine, states, tmp_path) >= 8
