@@ -39,7 +39,14 @@ from .conftest import append, lines
 
 LEASE = 1.0
 PARENT = "parent-1"
-CHILD = "parent-1.kid"
+
+
+def child_of(run_id: str) -> str:
+    """The id a parent gives its child."""
+    return f"{run_id}.kid"
+
+
+CHILD = child_of(PARENT)
 
 
 @dataclass(frozen=True)
@@ -145,7 +152,7 @@ def build(*, parent: bool = True) -> Registry:
         def parent_workflow(ctx: RunContext, gated: bool) -> list[Any]:
             ctx.step("p0", mark, ctx.run_id, "p0")
             ME.at("before_child")
-            out = ctx.child(kid, CHILD, gated)
+            out = ctx.child(kid, child_of(ctx.run_id), gated)
             ctx.step("p1", mark, ctx.run_id, "p1")
             return out
 
@@ -174,12 +181,13 @@ def worker(
     once: bool = False,
     idle_exit: float = 1.0,
     parent: bool = True,
+    poll: float = 0.02,
 ) -> None:
     """A worker process: one claim (``once``) or a loop until idle for ``idle_exit`` seconds.
 
     ``parent=False``: its registry has only the child workflow, so it claims only children.
     """
-    w = Worker(_become(name, url, work, plan, parent=parent), poll=0.02, max_poll=0.1)
+    w = Worker(_become(name, url, work, plan, parent=parent), poll=poll, max_poll=5 * poll)
     if once:
         w.run_once()
     else:

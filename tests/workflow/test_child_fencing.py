@@ -15,7 +15,9 @@ on its orphaned child alone, and wait for the child.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import random
 import signal
 import time
 from collections.abc import Callable
@@ -28,7 +30,7 @@ from statekeep.db import Database
 from statekeep.workflow import Engine, RunStatus
 
 from . import fencing_workload as fencing
-from .conftest import fork, wait, wait_stopped
+from .conftest import crash_scale, fork, wait, wait_stopped
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
@@ -105,6 +107,10 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> Non
 def status(console: Engine, run_id: str) -> RunStatus | None:
     run = console.store.find(run_id)
     return None if run is None else run.status
+
+
+def completed(console: Engine, run_id: str) -> bool:
+    return status(console, run_id) is RunStatus.COMPLETED
 
 
 def snapshot(console: Engine) -> dict[tuple[str, int], str]:
@@ -246,5 +252,44 @@ def test_resuming_a_parent_inline_leaves_a_live_claim_on_its_child_alone(
         assert parent.output == [k0, "go!", call.key]
     finally:
         (work / "release").touch()
+        procs.cleanup()
+        db.dispose()
+
+
+def test_a_parent_that_waits_for_a_child_another_worker_is_finishing_is_always_woken(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Races a parent's inline resume against another worker finishing its child: no lost wakeup.
+
+    Each parent waits for its child, whose "go" is sent; worker W (children only) claims the
+    child and finishes it while the test resumes the parent inline, after a random delay.
+    Whoever takes the child, the parent must complete, or be woken (pending) once the child
+    has finished; never left ``waiting_for_child`` for a finished child.
+    """
+    url, work = database_url, tmp_path
+    monkeypatch.setattr(fencing, "ME", fencing.Actor("R", work=work))  # this process resumes inline
+    db = Database(url)
+    console = Engine(db, fencing.build(), owner="R", lease=LEASE)
+    parent = console.registry.get("parent", 1)
+    procs = Procs(db)
+    rng = random.Random(5)
+    rounds = 40 * crash_scale()
+    try:
+        w = procs.fork(lambda: fencing.worker("W", url, work, {}, idle_exit=30.0, parent=False, poll=0.002))
+        for i in range(rounds):
+            run_id = f"race-{i}"
+            assert console.run(parent, run_id, True).status is RunStatus.WAITING_FOR_CHILD
+            console.store.send_event(fencing.child_of(run_id), "go", "go!")
+            time.sleep(rng.uniform(0.0, 0.03))
+            console.resume(run_id)
+            kid_done = functools.partial(completed, console, fencing.child_of(run_id))
+            wait_for(kid_done, "W to finish the child")
+            time.sleep(0.01)
+            got = status(console, run_id)
+            assert got in (RunStatus.PENDING, RunStatus.COMPLETED), f"{run_id} is {got}; its child finished"
+        os.kill(w, signal.SIGKILL)
+        for i in range(rounds):
+            assert console.resume(f"race-{i}").status is RunStatus.COMPLETED
+    finally:
         procs.cleanup()
         db.dispose()
