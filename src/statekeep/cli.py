@@ -393,20 +393,24 @@ def context_show(
     session: str,
     budget: int = 8000,
     system: str | None = None,
+    owner: Annotated[
+        str | None, typer.Option(help="Refuse unless the session belongs to this owner.")
+    ] = None,
     database_url: DatabaseURL = None,
     home: Home = None,
 ) -> None:
-    """What the next model call of a session would see, and its tokens per section."""
+    """What the next model call of a session would see, its tokens per section, and its owner."""
     from statekeep.context import SQLContextStore
 
     store = SQLContextStore(_settings(database_url, home).url_for("context"))
-    built = store.build(session, budget, system=system, compact=False)
+    built = store.build(session, budget, system=system, compact=False, owner=owner)
     report = built.report
     table = Table(
         "section",
         "tokens",
         title=f"session {session}: {report.total} of {report.budget} tokens ({report.counter})",
     )
+    console.print(f"owner: {store.owner_of(session) or '- (none recorded)'}", highlight=False)
     for name in ("system", "pinned", "memories", "summary", "window"):
         table.add_row(name, str(getattr(report, name)))
     console.print(table)

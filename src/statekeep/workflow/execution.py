@@ -24,7 +24,7 @@ import pydantic
 
 from statekeep.errors import InvalidInputError, NonDeterminismError, StateNotFoundError, StepOutputError
 from statekeep.workflow import codec
-from statekeep.workflow._types import Checkpoint, Run, StepRecord
+from statekeep.workflow._types import Checkpoint, Run, StepKind, StepRecord
 from statekeep.workflow.base import RunWrite, StagedState, WorkflowStore, now
 from statekeep.workflow.registry import Workflow
 from statekeep.working import WorkingStateStore
@@ -97,7 +97,7 @@ class Execution:
 
     # --- the journal position -------------------------------------------------------------
 
-    def position(self, name: str, kind: str) -> tuple[int, StepRecord | None]:
+    def position(self, name: str, kind: StepKind) -> tuple[int, StepRecord | None]:
         """Advance to the next journal position; return it and its record if it already completed.
 
         A completed step brings the replay's state to the version it committed, and
@@ -178,7 +178,7 @@ class Execution:
         tx: RunWrite,
         seq: int,
         name: str,
-        kind: str,
+        kind: StepKind,
         input_hash: str,
         output: str,
         *,
@@ -213,7 +213,7 @@ class Execution:
         self,
         seq: int,
         name: str,
-        kind: str,
+        kind: StepKind,
         input_hash: str,
         output: str,
         *,
