@@ -10,5 +10,6 @@ Needs ``pip install 'statekeep[langgraph]'``.
 """
 
 from statekeep.integrations.langgraph.saver import StatekeepSaver
+from statekeep.integrations.langgraph.store import LangChainEmbedder, StatekeepStore
 
-__all__ = ["StatekeepSaver"]
+__all__ = ["LangChainEmbedder", "StatekeepSaver", "StatekeepStore"]
