@@ -13,10 +13,10 @@ import pytest
 
 pytest.importorskip("langgraph.checkpoint.conformance", reason="the dev extra installs it")
 
-from langgraph.checkpoint.conformance import checkpointer_test, validate  # noqa: E402
-from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES  # noqa: E402
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
 
-from statekeep.integrations.langgraph import StatekeepSaver  # noqa: E402
+from statekeep.integrations.langgraph import StatekeepSaver
 
 BASE_TESTS = 58
 EXTENDED = {"prune": 8, "copy_thread": 8, "delete_for_runs": 7}

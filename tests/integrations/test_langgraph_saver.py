@@ -10,12 +10,12 @@ import sqlalchemy as sa
 
 pytest.importorskip("langgraph.graph", reason="the langgraph extra")
 
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage  # noqa: E402
-from langgraph.graph import END, START, StateGraph  # noqa: E402
-from langgraph.graph.message import add_messages  # noqa: E402
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
 
-from statekeep.integrations.langgraph import StatekeepSaver  # noqa: E402
-from statekeep.integrations.langgraph._tables import blobs  # noqa: E402
+from statekeep.integrations.langgraph import StatekeepSaver
+from statekeep.integrations.langgraph._tables import blobs
 
 
 class State(TypedDict):
@@ -49,7 +49,8 @@ def test_grown_lists_are_deltas_and_read_back_whole(database_url: str) -> None:
     saver = StatekeepSaver(database_url)
     config = {"configurable": {"thread_id": "t1"}, "recursion_limit": 200}
     out = _graph(saver, 40).invoke({"messages": [HumanMessage("go")], "n": 0}, config)
-    assert len(out["messages"]) == 41 and out["log"][-1] == "s40"
+    assert len(out["messages"]) == 41
+    assert out["log"][-1] == "s40"
     deltas, size = _blob_stats(saver)
     assert deltas >= 70  # messages and log grow by deltas at (nearly) every step
     assert size < 41 * 600 * 3  # linear: each message stored about once, not once per step
@@ -77,7 +78,7 @@ def test_restart_fork_and_prune_keep_values_exact(database_url: str) -> None:
     deltas_after, _ = _blob_stats(second)
     assert deltas_after - deltas_before >= 18
     # fork from an earlier checkpoint: the forked branch differs, both read back exactly
-    past = [h for h in graph.get_state_history(config) if len(h.values.get("messages", [])) == 5][0]
+    past = next(h for h in graph.get_state_history(config) if len(h.values.get("messages", [])) == 5)
     forked = graph.update_state(past.config, {"messages": [HumanMessage("fork")]})
     assert [m.content for m in graph.get_state(forked).values["messages"]][-1] == "fork"
     assert len(graph.get_state(config).values["messages"]) == 6

@@ -27,7 +27,10 @@ PEERS = Path(__file__).resolve().parent / "peers"
 
 SUITES = {
     "langgraph-store": ("langgraph-checkpoint", ["tests/test_store.py"]),
-    "agents-session": ("openai-agents", ["tests/memory/test_session.py", "tests/memory/test_session_limit.py"]),
+    "agents-session": (
+        "openai-agents",
+        ["tests/memory/test_session.py", "tests/memory/test_session_limit.py"],
+    ),
 }
 #: suite -> (passed, deselected): the same on both backends
 EXPECTED = {"langgraph-store": (117, 0), "agents-session": (53, 18)}
@@ -53,8 +56,22 @@ def test_peer_suite(
     if backend == "postgres":
         env["STATEKEEP_TEST_POSTGRES_URL"] = request.getfixturevalue("postgres_admin_url")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *files, "-p", "statekeep_peers", "-p", "no:cacheprovider",
-         "-q", "-o", "addopts=", "-o", "asyncio_default_fixture_loop_scope=function", "--timeout=600"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *files,
+            "-p",
+            "statekeep_peers",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-o",
+            "addopts=",
+            "-o",
+            "asyncio_default_fixture_loop_scope=function",
+            "--timeout=600",
+        ],
         cwd=peer_sources[package],
         env=env,
         capture_output=True,
@@ -64,6 +81,8 @@ def test_peer_suite(
     out = proc.stdout + proc.stderr
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     print(f"{suite} on {backend}: {summary}")
-    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|deselected|skipped|error)", summary)}
+    counts = {
+        word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|deselected|skipped|error)", summary)
+    }
     assert proc.returncode == 0, out[-6000:]
     assert (counts.get("passed", 0), counts.get("deselected", 0)) == EXPECTED[suite], summary

@@ -34,8 +34,19 @@ def fetch(dest: Path = DEFAULT) -> dict[str, Path]:
         folder = source_dir(dest, package)
         if not (folder / "tests").is_dir():
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
-                 "-d", str(dest), f"{package}=={version}"],
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "-q",
+                    "--no-binary",
+                    ":all:",
+                    "--no-deps",
+                    "-d",
+                    str(dest),
+                    f"{package}=={version}",
+                ],
                 check=True,
             )
             archive = dest / f"{package.replace('-', '_')}-{version}.tar.gz"

@@ -35,22 +35,31 @@ DESELECTED = {
     "test_sqlite_session_reaps_connections_from_exited_worker_threads": _SQLITE_INTERNALS,
     "test_sqlite_session_closes_retired_connections_before_the_next_allocation": _SQLITE_INTERNALS,
     "test_sqlite_session_keeps_connections_of_live_worker_threads": _SQLITE_INTERNALS,
-    "test_sqlite_session_pop_item_skips_corrupt_most_recent": _SQLITE_INTERNALS + ": writes corrupt rows by raw SQL",
+    "test_sqlite_session_pop_item_skips_corrupt_most_recent": _SQLITE_INTERNALS
+    + ": writes corrupt rows by raw SQL",
     "test_sqlite_session_pop_item_returns_none_after_dropping_only_corrupt_rows": _SQLITE_INTERNALS
     + ": writes corrupt rows by raw SQL",
     "test_sqlite_session_get_items_limit_skips_corrupt_newest_rows": _SQLITE_INTERNALS
     + ": writes corrupt rows by raw SQL",
     "test_sqlite_session_get_items_session_settings_limit_skips_corrupt_rows": _SQLITE_INTERNALS
     + ": writes corrupt rows by raw SQL",
-    "test_sqlite_session_file_lock_is_shared_across_instances": _SQLITE_INTERNALS + ": its per-file lock table",
-    "test_sqlite_session_failed_add_items_releases_write_lock": _SQLITE_INTERNALS + ": probes its agent_sessions table",
-    "test_sqlite_session_failed_clear_session_rolls_back": _SQLITE_INTERNALS + ": drops its agent_sessions table",
-    "test_sqlite_session_failed_pop_item_releases_write_lock": _SQLITE_INTERNALS + ": drops its agent_messages table",
-    "test_sqlite_session_rollback_failure_evicts_connection": _SQLITE_INTERNALS + ": swaps its _get_connection",
-    "test_sqlite_session_close_retries_quarantined_connection": _SQLITE_INTERNALS + ": its quarantined connections",
+    "test_sqlite_session_file_lock_is_shared_across_instances": _SQLITE_INTERNALS
+    + ": its per-file lock table",
+    "test_sqlite_session_failed_add_items_releases_write_lock": _SQLITE_INTERNALS
+    + ": probes its agent_sessions table",
+    "test_sqlite_session_failed_clear_session_rolls_back": _SQLITE_INTERNALS
+    + ": drops its agent_sessions table",
+    "test_sqlite_session_failed_pop_item_releases_write_lock": _SQLITE_INTERNALS
+    + ": drops its agent_messages table",
+    "test_sqlite_session_rollback_failure_evicts_connection": _SQLITE_INTERNALS
+    + ": swaps its _get_connection",
+    "test_sqlite_session_close_retries_quarantined_connection": _SQLITE_INTERNALS
+    + ": its quarantined connections",
     "test_sqlite_session_post_commit_cancellation_propagates_after_known_outcome": _SQLITE_INTERNALS
     + ": swaps its _get_connection",
-    "test_sqlite_session_closed_rejects_empty_add_items": "asserts the SDK class's own message 'SQLiteSession is closed'",
+    "test_sqlite_session_closed_rejects_empty_add_items": (
+        "asserts the SDK class's own message 'SQLiteSession is closed'"
+    ),
 }
 
 
@@ -99,13 +108,12 @@ def _statekeep_adapters(
         monkeypatch.setattr(module, "SQLiteSession", _session_factory(_peer_database, scratch))
     if hasattr(module, "InMemoryStore"):
         monkeypatch.setattr(module, "InMemoryStore", _store_class(_peer_database, scratch))
-    yield
 
 
 def _session_factory(database: str | None, scratch: Path) -> Any:
     from statekeep.integrations.agents import StatekeepSession
 
-    def SQLiteSession(  # noqa: N802 - stands in for the SDK's class
+    def SQLiteSession(
         session_id: str, db_path: str | Path = ":memory:", *, session_settings: Any = None, **_: Any
     ) -> StatekeepSession:
         if database is not None:
@@ -132,7 +140,9 @@ def _store_class(database: str | None, scratch: Path) -> type:
             if database is None:
                 from statekeep.memory import LanceDBMemoryStore
 
-                memory: Any = LanceDBMemoryStore(scratch / uuid.uuid4().hex, embedder, duplicate_threshold=None)
+                memory: Any = LanceDBMemoryStore(
+                    scratch / uuid.uuid4().hex, embedder, duplicate_threshold=None
+                )
             else:
                 from statekeep.memory import PgVectorMemoryStore
 

@@ -45,7 +45,9 @@ items_table = sa.Table(
     sa.Column("key", sa.String(255), primary_key=True),
     sa.Column("item", sa.Text, nullable=False),
 )
-MIGRATIONS = [Migration(1, "items: the exact SDK item of each logged event", create_tables(_metadata, "items"))]
+MIGRATIONS = [
+    Migration(1, "items: the exact SDK item of each logged event", create_tables(_metadata, "items"))
+]
 
 #: The summarizer name of clear/pop markers in the context log.
 MARKER_SUMMARIZER = "statekeep.agents.marker"

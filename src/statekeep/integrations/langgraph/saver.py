@@ -8,6 +8,7 @@ fallback off), never pickle.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import random
 import threading
@@ -163,7 +164,9 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
                     set_={c: stmt.excluded[c] for c in row if c not in ("thread_id", "checkpoint_ns")},
                 )
             )
-        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+        return {
+            "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}
+        }
 
     def _blob_row(
         self,
@@ -258,10 +261,17 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
             "task_id": task_id,
             "task_path": task_path,
         }
-        regular, special = [], []
+        regular: builtins.list[dict[str, Any]] = []
+        special: builtins.list[dict[str, Any]] = []
         for idx, (channel, value) in enumerate(writes):
             type_, data = self.serde.dumps_typed(value)
-            row = {**base, "idx": WRITES_IDX_MAP.get(channel, idx), "channel": channel, "type": type_, "blob": data}
+            row = {
+                **base,
+                "idx": WRITES_IDX_MAP.get(channel, idx),
+                "channel": channel,
+                "type": type_,
+                "blob": data,
+            }
             (special if channel in WRITES_IDX_MAP else regular).append(row)
         insert = self.db.dialect.insert
         with self.db.begin("saving LangGraph writes") as conn:
@@ -272,7 +282,11 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
                 conn.execute(
                     stmt.on_conflict_do_update(
                         index_elements=["thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx"],
-                        set_={"channel": stmt.excluded.channel, "type": stmt.excluded.type, "blob": stmt.excluded.blob},
+                        set_={
+                            "channel": stmt.excluded.channel,
+                            "type": stmt.excluded.type,
+                            "blob": stmt.excluded.blob,
+                        },
                     )
                 )
 
@@ -293,13 +307,14 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
             row = conn.execute(q).mappings().first()
             if row is None:
                 return None
-            return self._tuples(conn, [row])[0]
+            found: CheckpointTuple = self._tuples(conn, [row])[0]
+            return found
 
     def list(
         self,
         config: RunnableConfig | None,
         *,
-        filter: dict[str, Any] | None = None,  # noqa: A002 - LangGraph's name
+        filter: dict[str, Any] | None = None,
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
@@ -327,7 +342,7 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
     def _metadata(self, row: Any) -> CheckpointMetadata:
         return cast(CheckpointMetadata, self.serde.loads_typed((row["metadata_type"], row["metadata"])))
 
-    def _tuples(self, conn: Connection, rows: list[Any]) -> list[CheckpointTuple]:
+    def _tuples(self, conn: Connection, rows: builtins.list[Any]) -> builtins.list[CheckpointTuple]:
         pending = _pending_writes(conn, rows)
         out = []
         for row in rows:
@@ -340,11 +355,23 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
             parent = row["parent_checkpoint_id"]
             out.append(
                 CheckpointTuple(
-                    config={"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}},
+                    config={
+                        "configurable": {
+                            "thread_id": thread_id,
+                            "checkpoint_ns": ns,
+                            "checkpoint_id": checkpoint_id,
+                        }
+                    },
                     checkpoint=cast(Checkpoint, checkpoint),
                     metadata=self._metadata(row),
                     parent_config=(
-                        {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
+                        {
+                            "configurable": {
+                                "thread_id": thread_id,
+                                "checkpoint_ns": ns,
+                                "checkpoint_id": parent,
+                            }
+                        }
                         if parent
                         else None
                     ),
@@ -365,16 +392,16 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         self._forget([str(thread_id)])
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Delete the checkpoints written by these runs, their writes, and the blobs no one reaches any more."""
+        """Delete the checkpoints these runs wrote, their writes, and the blobs nothing reaches any more."""
         ids = [str(r) for r in run_ids]
         if not ids:
             return
         with self.db.begin("deleting LangGraph runs") as conn:
             doomed = list(
                 conn.execute(
-                    sa.select(checkpoints.c.thread_id, checkpoints.c.checkpoint_ns, checkpoints.c.checkpoint_id).where(
-                        checkpoints.c.run_id.in_(ids)
-                    )
+                    sa.select(
+                        checkpoints.c.thread_id, checkpoints.c.checkpoint_ns, checkpoints.c.checkpoint_id
+                    ).where(checkpoints.c.run_id.in_(ids))
                 )
             )
             _delete_checkpoints(conn, doomed)
@@ -384,7 +411,7 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         self._forget(threads)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        """Keep the latest checkpoint of each namespace of each thread (``keep_latest``), or none (``delete``).
+        """Keep each namespace's latest checkpoint of each thread (``keep_latest``), or none (``delete``).
 
         Blobs the kept checkpoints still reach (the chain of a grown list included) stay.
         """
@@ -434,11 +461,13 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         self,
         config: RunnableConfig | None,
         *,
-        filter: dict[str, Any] | None = None,  # noqa: A002 - LangGraph's name
+        filter: dict[str, Any] | None = None,
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        found = await asyncio.to_thread(lambda: list(self.list(config, filter=filter, before=before, limit=limit)))
+        found = await asyncio.to_thread(
+            lambda: list(self.list(config, filter=filter, before=before, limit=limit))
+        )
         for item in found:
             yield item
 
@@ -499,7 +528,9 @@ def _load_channels(
         return {}
     keys = [(k, str(v)) for k, v in versions.items()]
     rows = conn.execute(
-        sa.select(blobs.c.channel, blobs.c.version, blobs.c.type, blobs.c.blob, blobs.c.base_version, blobs.c.added).where(
+        sa.select(
+            blobs.c.channel, blobs.c.version, blobs.c.type, blobs.c.blob, blobs.c.base_version, blobs.c.added
+        ).where(
             blobs.c.thread_id == thread_id,
             blobs.c.checkpoint_ns == ns,
             sa.tuple_(blobs.c.channel, blobs.c.version).in_(keys),
@@ -513,10 +544,15 @@ def _load_channels(
         else:
             out[channel] = (type_, blob or b"")
     if chained:
-        history = defaultdict(dict)
+        history: dict[str, dict[str, tuple[str, bytes, str | None, int | None]]] = defaultdict(dict)
         for channel, version, type_, blob, base, items in conn.execute(
             sa.select(
-                blobs.c.channel, blobs.c.version, blobs.c.type, blobs.c.blob, blobs.c.base_version, blobs.c.added
+                blobs.c.channel,
+                blobs.c.version,
+                blobs.c.type,
+                blobs.c.blob,
+                blobs.c.base_version,
+                blobs.c.added,
             ).where(blobs.c.thread_id == thread_id, blobs.c.checkpoint_ns == ns, blobs.c.channel.in_(chained))
         ):
             history[channel][version] = (type_, blob or b"", base, items)
@@ -564,7 +600,9 @@ def _delete_checkpoints(conn: Connection, doomed: list[Any]) -> None:
         chunk = keys[start : start + 500]
         for table in (writes_t, checkpoints):
             conn.execute(
-                table.delete().where(sa.tuple_(table.c.thread_id, table.c.checkpoint_ns, table.c.checkpoint_id).in_(chunk))
+                table.delete().where(
+                    sa.tuple_(table.c.thread_id, table.c.checkpoint_ns, table.c.checkpoint_id).in_(chunk)
+                )
             )
 
 
@@ -572,7 +610,9 @@ def _collect_garbage(conn: Connection, thread_id: str) -> None:
     """Delete the thread's blobs that no remaining checkpoint reaches (directly, or as a delta's base)."""
     reached: set[tuple[str, str, str]] = set()
     for ns, versions in conn.execute(
-        sa.select(checkpoints.c.checkpoint_ns, checkpoints.c.versions).where(checkpoints.c.thread_id == thread_id)
+        sa.select(checkpoints.c.checkpoint_ns, checkpoints.c.versions).where(
+            checkpoints.c.thread_id == thread_id
+        )
     ):
         reached.update((ns, k, str(v)) for k, v in json.loads(versions).items())
     stored = {
@@ -604,4 +644,3 @@ def _collect_garbage(conn: Connection, thread_id: str) -> None:
 def _matches(metadata: CheckpointMetadata, query: dict[str, Any]) -> bool:
     meta = cast(dict[str, Any], metadata)
     return all(meta.get(k) == v for k, v in query.items())
-

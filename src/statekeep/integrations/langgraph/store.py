@@ -113,8 +113,13 @@ class StatekeepStore(BaseStore):
             raise ConfigError(
                 "duplicate_threshold", str(memory.duplicate_threshold), "a LangGraph store needs it None"
             )
-        if index is not None and int(index.get("dims", memory.embedder.dimension)) != memory.embedder.dimension:
-            raise ConfigError("index.dims", str(index.get("dims")), "differs from the memory store's embedder")
+        if (
+            index is not None
+            and int(index.get("dims", memory.embedder.dimension)) != memory.embedder.dimension
+        ):
+            raise ConfigError(
+                "index.dims", str(index.get("dims")), "differs from the memory store's embedder"
+            )
         self.memory = memory
         self.index_config = index
         self.owner_label = int(owner_label)
@@ -220,13 +225,17 @@ class StatekeepStore(BaseStore):
             (i for i in candidates if (i.namespace, i.key) in scores),
             key=lambda i: -scores[(i.namespace, i.key)],
         )
-        kept = [_search_item(i, scores[(i.namespace, i.key)]) for i in ranked[op.offset : op.offset + op.limit]]
+        kept = [
+            _search_item(i, scores[(i.namespace, i.key)]) for i in ranked[op.offset : op.offset + op.limit]
+        ]
         if len(kept) < op.limit:  # like LangGraph's stores: unindexed items fill the page, unscored
             scoreless = [i for i in candidates if (i.namespace, i.key) not in scores]
             kept += [_search_item(i, None) for i in scoreless[: op.limit - len(kept)]]
         return kept
 
-    def _scores(self, owners: list[str], prefix: tuple[str, ...], query: str) -> dict[tuple[tuple[str, ...], str], float]:
+    def _scores(
+        self, owners: list[str], prefix: tuple[str, ...], query: str
+    ) -> dict[tuple[tuple[str, ...], str], float]:
         vector = self._embed([query])[0]
         tags = [_VEC, *([_prefix_tag(prefix)] if prefix else [])]
         best: dict[tuple[tuple[str, ...], str], float] = {}
@@ -278,8 +287,10 @@ class StatekeepStore(BaseStore):
         count = int(primary.metadata["langgraph"].get("vectors", 1))
         return [base] + [f"{base}-{i}" for i in range(1, count)]
 
-    def _rows(self, owner: str, op: PutOp, created: datetime, now: datetime) -> tuple[list[Memory], list[str | None]]:
-        value = _json(op.value)
+    def _rows(
+        self, owner: str, op: PutOp, created: datetime, now: datetime
+    ) -> tuple[list[Memory], list[str | None]]:
+        value = _json(op.value or {})
         texts = self._texts(value, op.index)
         base = _item_id(op.namespace, op.key)
         tags = [_prefix_tag(op.namespace[:i]) for i in range(1, len(op.namespace) + 1)]
