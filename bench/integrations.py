@@ -73,7 +73,11 @@ def pg_bytes(url: str, tables: list[str]) -> int:
     engine = sa.create_engine(url)
     with engine.connect() as conn:
         total = sum(
-            int(conn.execute(sa.text("SELECT pg_total_relation_size(CAST(:t AS regclass))"), {"t": t}).scalar_one())
+            int(
+                conn.execute(
+                    sa.text("SELECT pg_total_relation_size(CAST(:t AS regclass))"), {"t": t}
+                ).scalar_one()
+            )
             for t in tables
         )
     engine.dispose()
@@ -92,13 +96,18 @@ def fresh_pg(admin_url: str) -> Iterator[str]:
     yield admin.set(database=name).render_as_string(False)
 
 
-def measure(name: str, make: Callable[[], tuple[Any, Callable[[], int]]], steps: int, trials: int) -> dict[str, Any]:
+def measure(
+    name: str, make: Callable[[], tuple[Any, Callable[[], int]]], steps: int, trials: int
+) -> dict[str, Any]:
     times, sizes = [], []
     for _ in range(trials):
         saver, size = make()
         times.append(run(saver, steps))
         sizes.append(size())
-    print(f"  {name:28} {statistics.median(times):8.2f} s   {statistics.median(sizes) / 1e6:9.2f} MB", flush=True)
+    print(
+        f"  {name:28} {statistics.median(times):8.2f} s   {statistics.median(sizes) / 1e6:9.2f} MB",
+        flush=True,
+    )
     return {"seconds": statistics.median(times), "bytes": int(statistics.median(sizes))}
 
 
@@ -153,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         m["bytes_per_step"] = round(m["bytes"] / steps)
     for backend, theirs in (("sqlite", "SqliteSaver"), ("postgresql", "PostgresSaver")):
         ours, ref = measured[f"{backend}/StatekeepSaver"], measured[f"{backend}/{theirs}"]
-        results[f"{backend}_overhead_ratio"] = round(ours["overhead_ms_per_step"] / ref["overhead_ms_per_step"], 3)
+        results[f"{backend}_overhead_ratio"] = round(
+            ours["overhead_ms_per_step"] / ref["overhead_ms_per_step"], 3
+        )
         results[f"{backend}_bytes_ratio"] = round(ours["bytes"] / ref["bytes"], 4)
     results["floor_seconds"] = floor["seconds"]
     results["savers"] = measured
@@ -161,7 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     print("\nper-step overhead (ms) and bytes stored:")
     for name, m in measured.items():
         print(f"  {name:28} {m['overhead_ms_per_step']:8.3f} ms/step   {m['bytes'] / 1e6:9.2f} MB")
-    for key in ("sqlite_overhead_ratio", "sqlite_bytes_ratio", "postgresql_overhead_ratio", "postgresql_bytes_ratio"):
+    for key in (
+        "sqlite_overhead_ratio",
+        "sqlite_bytes_ratio",
+        "postgresql_overhead_ratio",
+        "postgresql_bytes_ratio",
+    ):
         print(f"  {key}: {results[key]}")
     out = Path(__file__).parent / "results" / "integrations.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
