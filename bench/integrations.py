@@ -69,6 +69,10 @@ def run(checkpointer: Any, steps: int) -> float:
     return elapsed
 
 
+SIZE = sa.text("SELECT pg_total_relation_size(CAST(:t AS regclass))")
+Make = Callable[[], tuple[Any, Callable[[], int]]]
+
+
 def pg_bytes(url: str, tables: list[str]) -> int:
     engine = sa.create_engine(url)
     with engine.connect() as conn:
@@ -157,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             "postgresql/StatekeepSaver": statekeep_pg,
         }
         measured = {name: measure(name, make, steps, trials) for name, make in savers.items()}
-    for name, m in measured.items():
+    for m in measured.values():
         m["overhead_ms_per_step"] = round((m["seconds"] - floor["seconds"]) / steps * 1000, 3)
         m["bytes_per_step"] = round(m["bytes"] / steps)
     for backend, theirs in (("sqlite", "SqliteSaver"), ("postgresql", "PostgresSaver")):
