@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy.engine import RowMapping
 
+from statekeep._json import json_problem
 from statekeep.workflow._types import Approval, Run, RunStatus, StepRecord, ToolCall
 
 
@@ -19,8 +20,15 @@ def to_json(value: Any) -> str:
     """Encode ``value`` as compact JSON, refusing anything that would not decode back equal.
 
     Tuples, non-string keys, NaN and arbitrary objects are refused, so what a
-    replay returns is exactly what the first execution returned.
+    replay returns is exactly what the first execution returned. So are what the
+    other stores refuse (:func:`statekeep._json.json_problem`): nesting deeper
+    than ``MAX_DEPTH`` (checked without recursion, before encoding) and lone
+    surrogates, which ``json.dumps`` would escape as ASCII and store, and every
+    reader that encodes text as UTF-8 would then fail on.
     """
+    problem = json_problem(value)
+    if problem is not None:
+        raise NotJSONError(f"{type(value).__name__} value {problem}")
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
