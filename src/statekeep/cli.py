@@ -257,11 +257,18 @@ def serve(
         typer.Option(
             "--tokens-file",
             envvar="STATEKEEP_WEB_TOKENS_FILE",
-            help='JSON object of each person\'s identity and bearer token: {"alice@example.com": "..."}.',
+            help=(
+                "JSON object of each person's identity and bearer token: "
+                '{"alice@example.com": "...", "bob@example.com": {"token": "...", "gates": ["refund"], '
+                '"owners": ["acme"]}} (gates and owners limit a token; leave them out for no limit).'
+            ),
         ),
     ],
     host: str = "127.0.0.1",
     port: int = 8080,
+    max_body: Annotated[
+        int, typer.Option(envvar="STATEKEEP_WEB_MAX_BODY", help="Largest request body, in bytes (413 above).")
+    ] = 64 * 1024,
     database_url: DatabaseURL = None,
     home: Home = None,
 ) -> None:
@@ -272,15 +279,16 @@ def serve(
         from statekeep.errors import MissingDependencyError
 
         raise MissingDependencyError("statekeep[web]", "statekeep serve") from exc
+    from statekeep._json import parse
     from statekeep.web import create_app
 
     try:
-        tokens = json.loads(tokens_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise InvalidInputError(f"{tokens_file} is not JSON: {exc}", field="--tokens-file") from exc
+        tokens = parse(tokens_file.read_bytes(), str(tokens_file))
+    except InvalidInputError as exc:
+        raise InvalidInputError(str(exc), field="--tokens-file") from None
     if not isinstance(tokens, dict):
         raise InvalidInputError(f"{tokens_file} must hold a JSON object", field="--tokens-file")
-    webhook = create_app(_workflow(database_url, home), tokens=tokens)
+    webhook = create_app(_workflow(database_url, home), tokens=tokens, max_body=max_body)
     uvicorn.run(webhook, host=host, port=port, log_level="info")
 
 
