@@ -168,6 +168,21 @@ def test_without_a_token_every_request_is_401_even_where_no_route_matches(
     assert engine.store.approval(approval_id).status == "pending"
 
 
+def test_mounted_in_another_app_the_guard_still_knows_health(setup: tuple[Engine, TestClient, str]) -> None:
+    """Under a prefix, /health stays open and everything else still needs the token."""
+    from fastapi import FastAPI
+
+    from statekeep.web import create_app
+
+    engine, _, _ = setup
+    outer = FastAPI()
+    outer.mount("/hooks", create_app(engine.store, tokens=TOKENS))
+    with TestClient(outer) as client:
+        assert client.get("/hooks/health").json() == {"ok": True}
+        assert client.get("/hooks/approvals").status_code == 401
+        assert len(client.get("/hooks/approvals", headers=auth(ALICE)).json()) == 1
+
+
 # --- 6d: body size ----------------------------------------------------------------------------
 
 

@@ -255,7 +255,7 @@ class _Guard:
         self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] == "/health":
+        if scope["type"] != "http" or scope["path"].removeprefix(scope.get("root_path", "")) == "/health":
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
