@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.engine import RowMapping
 
-from statekeep._json import json_problem
+from statekeep._json import MAX_DEPTH, json_problem
 from statekeep.workflow._types import Approval, Run, RunStatus, StepRecord, ToolCall
 
 
@@ -16,17 +16,18 @@ class NotJSONError(ValueError):
     """Internal: a value does not survive a JSON round trip (callers wrap it)."""
 
 
-def to_json(value: Any) -> str:
+def to_json(value: Any, *, limit: int = MAX_DEPTH) -> str:
     """Encode ``value`` as compact JSON, refusing anything that would not decode back equal.
 
     Tuples, non-string keys, NaN and arbitrary objects are refused, so what a
     replay returns is exactly what the first execution returned. So are what the
     other stores refuse (:func:`statekeep._json.json_problem`): nesting deeper
-    than ``MAX_DEPTH`` (checked without recursion, before encoding) and lone
-    surrogates, which ``json.dumps`` would escape as ASCII and store, and every
-    reader that encodes text as UTF-8 would then fail on.
+    than ``limit`` (``MAX_DEPTH``; checked without recursion, before encoding)
+    and lone surrogates, which ``json.dumps`` would escape as ASCII and store, and
+    every reader that encodes text as UTF-8 would then fail on. An envelope the
+    engine wraps around a value it already stored passes ``limit=MAX_DEPTH + 1``.
     """
-    problem = json_problem(value)
+    problem = json_problem(value, limit)
     if problem is not None:
         raise NotJSONError(f"{type(value).__name__} value {problem}")
     try:
