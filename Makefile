@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
 
-.PHONY: demo test lint bench docs format clean
+.PHONY: demo test crash lint bench docs format clean
 
 LINT_PATHS := $(wildcard src tests bench notebooks)
 
@@ -28,6 +28,12 @@ demo: $(VENV)/.deps
 
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest
+
+# The long crash run (opt-in): every crash test with CRASH_SCALE times its kills; at the
+# default 10 that is over 3,000 SIGKILLs (make test: about 380). Takes a while.
+CRASH_SCALE ?= 10
+crash: $(VENV)/.dev
+	STATEKEEP_CRASH_SCALE=$(CRASH_SCALE) $(BIN)/python -m pytest -m crash tests/workflow
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check $(LINT_PATHS)

@@ -18,7 +18,7 @@ from statekeep.context import SQLContextStore
 from statekeep.errors import ConfigError, InvalidInputError
 from statekeep.models import ModelResponse, OpenAIChatModel, ScriptedModel
 from statekeep.runtime import Agent, AgentTool, Runtime
-from statekeep.workflow import WorkflowStore
+from statekeep.workflow import SQLWorkflowStore
 from statekeep.working import SQLWorkingStateStore
 
 
@@ -33,9 +33,9 @@ from statekeep.working import SQLWorkingStateStore
         (lambda: Settings.load(memory_url="/tmp/m\x00", env={}), "STATEKEEP_MEMORY_URL"),
         (lambda: Settings.load(env=5), "env"),
         (lambda: SQLContextStore(None), "STATEKEEP_CONTEXT_URL"),
-        (lambda: WorkflowStore(None), "STATEKEEP_WORKFLOW_URL"),
+        (lambda: SQLWorkflowStore(None), "STATEKEEP_WORKFLOW_URL"),
         (lambda: SQLWorkingStateStore(5), "STATEKEEP_WORKING_URL"),
-        (lambda: WorkflowStore("sqlite:////tmp/a\x00b.db"), "STATEKEEP_WORKFLOW_URL"),
+        (lambda: SQLWorkflowStore("sqlite:////tmp/a\x00b.db"), "STATEKEEP_WORKFLOW_URL"),
         (lambda: Settings.load(home="h", env={"STATEKEEP_HOME": 5}), "STATEKEEP_HOME"),
         (lambda: Settings.load(home="h", env={}).url_for("bogus"), "store"),
     ],
@@ -94,4 +94,4 @@ def test_lenient_where_it_should_be(tmp_path: Path) -> None:
     assert settings.home == tmp_path
     engine = Engine(f"sqlite:///{tmp_path / 'w.db'}", Registry(), owner="")
     assert engine.owner
-    engine.store.db.dispose()
+    engine.store.close()

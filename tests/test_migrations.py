@@ -137,8 +137,29 @@ def test_workflow_2_drops_the_redundant_approvals_index_of_a_version_1_database(
     assert old_index in _approval_indexes(db)
 
     workflow_tables.setup(db)
-    assert current_version(db, "workflow", workflow_tables.SCHEMA) == 2
+    assert current_version(db, "workflow", workflow_tables.SCHEMA) == len(workflow_tables.MIGRATIONS)
     indexes = _approval_indexes(db)
     assert old_index not in indexes
     assert "ix_approvals_run_seq" in indexes  # still serves lookups by run
     assert old_index not in {ix.name for ix in workflow_tables.approvals.indexes}
+
+
+def test_workflow_3_adds_the_lease_parent_epoch_to_a_version_2_database(db: Database) -> None:
+    """A version-2 database (runs without lease_parent_epoch) upgrades, and children fence again."""
+    upgrade(db, "workflow", workflow_tables.SCHEMA, workflow_tables.MIGRATIONS[:2])
+    table = "runs" if db.name == "sqlite" else f"{workflow_tables.SCHEMA}.runs"
+    with db.begin() as conn:  # version 1 built runs from today's metadata: take the column away
+        conn.execute(sa.text(f"ALTER TABLE {table} DROP COLUMN lease_parent_epoch"))
+    assert "lease_parent_epoch" not in _run_columns(db)
+
+    workflow_tables.setup(db)
+    assert current_version(db, "workflow", workflow_tables.SCHEMA) == 3
+    assert "lease_parent_epoch" in _run_columns(db)
+    workflow_tables.setup(db)  # idempotent
+    assert current_version(db, "workflow", workflow_tables.SCHEMA) == 3
+
+
+def _run_columns(db: Database) -> set[str]:
+    schema = workflow_tables.SCHEMA if db.name == "postgresql" else None
+    with db.read() as conn:
+        return {c["name"] for c in sa.inspect(conn).get_columns("runs", schema=schema)}

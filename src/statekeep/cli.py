@@ -62,9 +62,9 @@ def _settings(database_url: str | None, home: str | None, memory_url: str | None
 
 
 def _workflow(database_url: str | None, home: str | None) -> WorkflowStore:
-    from statekeep.workflow import WorkflowStore
+    from statekeep.workflow import SQLWorkflowStore
 
-    return WorkflowStore(_settings(database_url, home).url_for("workflow"))
+    return SQLWorkflowStore(_settings(database_url, home).url_for("workflow"))
 
 
 def _memory(database_url: str | None, home: str | None, memory_url: str | None) -> MemoryStore:
@@ -402,20 +402,24 @@ def context_show(
     session: str,
     budget: int = 8000,
     system: str | None = None,
+    owner: Annotated[
+        str | None, typer.Option(help="Refuse unless the session belongs to this owner.")
+    ] = None,
     database_url: DatabaseURL = None,
     home: Home = None,
 ) -> None:
-    """What the next model call of a session would see, and its tokens per section."""
+    """What the next model call of a session would see, its tokens per section, and its owner."""
     from statekeep.context import SQLContextStore
 
     store = SQLContextStore(_settings(database_url, home).url_for("context"))
-    built = store.build(session, budget, system=system, compact=False)
+    built = store.build(session, budget, system=system, compact=False, owner=owner)
     report = built.report
     table = Table(
         "section",
         "tokens",
         title=literal(f"session {session}: {report.total} of {report.budget} tokens ({report.counter})"),
     )
+    console.print(f"owner: {store.owner_of(session) or '- (none recorded)'}", highlight=False)
     for name in ("system", "pinned", "memories", "summary", "window"):
         table.add_row(name, str(getattr(report, name)))
     console.print(table)
@@ -433,14 +437,14 @@ def context_show(
 def db_upgrade(database_url: DatabaseURL = None, home: Home = None) -> None:
     """Create or upgrade every SQL store's tables (idempotent; safe from many workers)."""
     from statekeep.context import SQLContextStore
-    from statekeep.workflow import WorkflowStore
+    from statekeep.workflow import SQLWorkflowStore
     from statekeep.working import SQLWorkingStateStore
 
     settings = _settings(database_url, home)
     for name, open_store in (
         ("context", SQLContextStore),
         ("working", SQLWorkingStateStore),
-        ("workflow", WorkflowStore),
+        ("workflow", SQLWorkflowStore),
     ):
         store = open_store(settings.url_for(name))
         console.print(f"{name}: up to date")

@@ -39,7 +39,8 @@ them (``setting``, ``run_id``, ``owner``, ...) and build their own message::
     │   ├── SummaryConflictError (also ConflictError)
     │   ├── EventKeyConflictError (also ConflictError)
     │   ├── SummaryNotFoundError (also NotFoundError)
-    │   └── EventsPrunedError
+    │   ├── EventsPrunedError
+    │   └── SessionOwnerError
     ├── MemoryStoreError
     │   ├── MemoryNotFoundError (also NotFoundError)
     │   ├── EmbedderError
@@ -371,6 +372,26 @@ class EventsPrunedError(ContextError):
             f"session {session_id!r}: raw events up to {pruned_to} were deleted by retention; "
             "the summary covering them cannot be regenerated"
         )
+
+
+class SessionOwnerError(ContextError):
+    """A session belongs to another owner (or, for a read, to no owner yet). Nothing was read or written.
+
+    A context session belongs to one owner: no run of another owner reads or
+    appends to it. ``actual_owner`` is None for a session created without an
+    owner (before owners were recorded): a write by ``owner`` would claim it,
+    a read must wait for that claim (see ``ContextStore.claim``).
+    """
+
+    def __init__(self, session_id: str, owner: str, actual_owner: str | None) -> None:
+        self.session_id = session_id
+        self.owner = owner
+        self.actual_owner = actual_owner
+        if actual_owner is None:
+            reason = f"has no owner yet; owner {owner!r} must claim it before reading it"
+        else:
+            reason = f"belongs to owner {actual_owner!r}, not to owner {owner!r}"
+        super().__init__(f"session {session_id!r} {reason}")
 
 
 # --- store 4: memory --------------------------------------------------------------------

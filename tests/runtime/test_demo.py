@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from statekeep.workflow import RunStatus, WorkflowStore
+from statekeep.workflow import RunStatus, SQLWorkflowStore
 from tests.runtime.conftest import ROOT
 
 
@@ -46,7 +46,7 @@ def test_demo_crashes_resumes_waits_and_writes_the_crm_once(
     with sqlite3.connect(demo_home / "crm.sqlite") as crm:
         assert crm.execute("SELECT count(*) FROM write_log").fetchone()[0] == 1
     workflow_url = url if backend == "postgres" else f"sqlite:///{demo_home / 'statekeep.db'}"
-    store = WorkflowStore(workflow_url)
+    store = SQLWorkflowStore(workflow_url)
     [run] = store.list_runs()
     assert run.status is RunStatus.COMPLETED
     [approval] = store.approvals(status=None)

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import make_url
 
 from statekeep.errors import ConfigError, InvalidInputError
-from statekeep.workflow import Engine, Registry, RunStatus, WorkflowStore
+from statekeep.workflow import Engine, Registry, RunStatus, SQLWorkflowStore
 from tests.workflow.conftest import EngineFactory, lines
 from tests.workflow.test_approvals import refund_registry as approvals_registry
 
@@ -204,7 +204,7 @@ def test_bad_token_settings_are_refused(sqlite_url: str, tokens: Any, message: s
     """An app that would accept anyone, or not know who decided, is never built."""
     from statekeep.web import create_app
 
-    store = WorkflowStore(sqlite_url)
+    store = SQLWorkflowStore(sqlite_url)
     with pytest.raises(ConfigError, match=message):
         create_app(store, tokens=tokens)
     with pytest.raises(InvalidInputError, match="store"):
@@ -266,7 +266,7 @@ def test_statekeep_serve_decides_over_real_http(database_url: str, tmp_path: Pat
         server.wait(timeout=30)
     assert engine.resume("r").status is RunStatus.COMPLETED
     assert lines(effects) == ["r/2/0 o-1 120"]
-    engine.store.db.dispose()
+    engine.store.close()
 
 
 def test_statekeep_serve_refuses_a_bad_tokens_file_in_one_line(sqlite_url: str, tmp_path: Path) -> None:
@@ -315,7 +315,7 @@ def test_a_database_failure_is_503_and_the_answer_names_no_database(
     """The database vanishes under the app: 503 with a fixed text; the details, redacted, go to the log."""
     from statekeep.web import create_app
 
-    store = WorkflowStore(postgres_url)
+    store = SQLWorkflowStore(postgres_url)
     name = str(make_url(postgres_url).database)
     with TestClient(create_app(store, tokens=TOKENS)) as client:
         assert client.get("/approvals", headers=auth(ALICE)).json() == []

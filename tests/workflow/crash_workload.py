@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from statekeep.db import Database
-from statekeep.workflow import Engine, Reconciliation, Registry, RunContext, ToolCall
+from statekeep.workflow import Engine, LedgerEntry, Reconciliation, Registry, RunContext
 
 from .conftest import append, lines
 
@@ -54,7 +54,7 @@ def build(work: Path, faults: Faults, *, reconcile: bool) -> Registry:
     registry = Registry()
     effects, execs = work / "effects.log", work / "execs.log"
 
-    def reconciler(call: ToolCall) -> Reconciliation:
+    def reconciler(call: LedgerEntry) -> Reconciliation:
         found = call.key in lines(effects)
         return Reconciliation(found, {"charged": call.args[0]} if found else None)
 
@@ -75,7 +75,7 @@ def build(work: Path, faults: Faults, *, reconcile: bool) -> Registry:
         for s in range(STEPS):
             if not ctx.replaying:
                 faults.hit("before_step")
-            ctx.step(f"s{s}", work_step, run, ctx._seq + 1)
+            ctx.step(f"s{s}", work_step, run, ctx.seq + 1)
             if s == 1:
                 ctx.call_tool(charge, run)
         return "done"

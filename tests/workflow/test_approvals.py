@@ -203,7 +203,7 @@ def test_an_approval_across_three_processes(database_url: str, files: tuple[Path
     assert (run.status, run.output) == (RunStatus.COMPLETED, {"refunded": 120})
     assert check.store.approvals(status=None)[0].decided_by == "carol@example.com"
     assert lines(effects) == ["r/2/0 o-7 120"]
-    check.store.db.dispose()
+    check.store.close()
 
 
 def test_a_cancelled_run_withdraws_its_pending_approval(

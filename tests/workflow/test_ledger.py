@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from statekeep.errors import ApprovalDecidedError, InvalidInputError
-from statekeep.workflow import Reconciliation, Registry, RunContext, RunStatus, ToolCall
+from statekeep.workflow import LedgerEntry, Reconciliation, Registry, RunContext, RunStatus
 
 from .conftest import EngineFactory, append, lines
 
@@ -20,7 +20,7 @@ class Crash(BaseException):
 def ledger_registry(effects: Path, *, crash: list[bool], reconcile: bool) -> Registry:
     registry = Registry()
 
-    def reconciler(call: ToolCall) -> Reconciliation:
+    def reconciler(call: LedgerEntry) -> Reconciliation:
         done = [ln for ln in lines(effects) if ln.startswith(call.key + " ")]
         return Reconciliation(True, {"sent": call.kwargs["to"]}) if done else Reconciliation(False)
 

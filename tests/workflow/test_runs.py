@@ -23,10 +23,11 @@ from statekeep.workflow import (
     RetryPolicy,
     RunContext,
     RunStatus,
+    SQLWorkflowStore,
     Step,
     StepRecord,
-    store,
 )
+from statekeep.workflow.sql_tx import SQLRunWrite
 from statekeep.workflow.tables import steps as steps_table
 from statekeep.working import SQLWorkingStateStore, WorkingState
 
@@ -242,20 +243,18 @@ def test_step_commits_with_the_state_version_in_one_transaction(database_url: st
     from statekeep.workflow import Engine
 
     engine = Engine(db, registry, state_store=states)
-    original = store.record_step
+    original = SQLRunWrite.record_step
     fails = {"two"}
 
-    def failing(conn: sa.Connection, step: StepRecord, epoch: int) -> None:
-        original(conn, step, epoch)
+    def failing(tx: SQLRunWrite, step: StepRecord) -> None:
+        original(tx, step)
         if step.name in fails:
             raise Crash
 
-    store.record_step = failing  # type: ignore[assignment]
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SQLRunWrite, "record_step", failing)
         with pytest.raises(Crash):
             engine.run(wf, "r")
-    finally:
-        store.record_step = original  # type: ignore[assignment]
     assert states.latest_version("r") == 1  # version 2 rolled back with its completion
     assert [(s.name, s.state_version, s.cursor) for s in engine.store.steps("r")] == [("one", 1, 41)]
     assert engine.resume("r").status is RunStatus.COMPLETED
@@ -403,6 +402,7 @@ def test_invariant_5_linear_storage_bytes_per_step_stay_constant(make_engine: En
         + sa.func.length(steps_table.c.name)
         + sa.func.length(steps_table.c.input_hash)
     )
+    assert isinstance(engine.store, SQLWorkflowStore)
     with engine.store.db.read() as conn:
         short, long = (
             conn.execute(sa.select(size).where(steps_table.c.run_id == rid)).scalar_one()
@@ -476,17 +476,14 @@ def test_a_database_error_mid_run_leaves_it_resumable_not_failed(make_engine: En
 
     calls: list[str] = []
     engine = make_engine(counting_registry(calls))
-    original = store.record_step
 
-    def broken(conn: sa.Connection, step: StepRecord, epoch: int) -> None:
+    def broken(tx: SQLRunWrite, step: StepRecord) -> None:
         raise sa.exc.OperationalError("INSERT", {}, Exception("disk I/O error"))
 
-    store.record_step = broken  # type: ignore[assignment]
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SQLRunWrite, "record_step", broken)
         with pytest.raises(StorageError, match="disk I/O error"):
             engine.run(engine.registry.get("three", 1), "r", "a")
-    finally:
-        store.record_step = original  # type: ignore[assignment]
     assert engine.store.get("r").status is RunStatus.RUNNING
     assert engine.resume("r").status is RunStatus.COMPLETED
 

@@ -128,7 +128,7 @@ def test_invariant_4_sleep_and_event_waits_survive_a_restart_of_every_worker(
         wait(pid)
     assert setup.store.get("listener").output == "hello"
     assert sorted(lines(effects)) == ["listener after", "listener before", "sleeper after", "sleeper before"]
-    setup.store.db.dispose()
+    setup.store.close()
 
 
 def test_retention_deletes_old_finished_runs_and_never_live_ones(

@@ -43,7 +43,7 @@ def test_four_workers_drain_200_runs_executing_every_step_exactly_once(
     drain = setup.registry.get("drain", 1)
     for i in range(RUNS):
         setup.start(drain, f"run-{i}")
-    setup.store.db.dispose()
+    setup.store.close()
 
     def worker() -> None:
         engine = Engine(Database(database_url), drain_registry(effects), lease=5)
@@ -59,7 +59,7 @@ def test_four_workers_drain_200_runs_executing_every_step_exactly_once(
     assert set(executed.values()) == {1}
     workers_used = {line.split()[2] for line in lines(effects)}
     assert len(workers_used) >= 2, "the runs were shared between workers"
-    setup.store.db.dispose()
+    setup.store.close()
 
 
 def test_a_frozen_worker_is_taken_over_and_then_fenced(database_url: str, tmp_path: Path) -> None:
@@ -78,7 +78,7 @@ def test_a_frozen_worker_is_taken_over_and_then_fenced(database_url: str, tmp_pa
 
     setup = Engine(Database(database_url), registry)
     setup.start(slow, "r")
-    setup.store.db.dispose()
+    setup.store.close()
 
     def frozen() -> None:
         engine = Engine(Database(database_url), registry, lease=0.5)
@@ -103,7 +103,7 @@ def test_a_frozen_worker_is_taken_over_and_then_fenced(database_url: str, tmp_pa
     assert lines(outcome) == ["fenced epoch 1"]
     assert taker.store.steps("r")[0].value.startswith("second")
     assert taker.store.get("r").output.startswith("second")
-    taker.store.db.dispose()
+    taker.store.close()
 
 
 def test_idle_worker_backs_off_and_stops_on_request(make_engine: EngineFactory) -> None:

@@ -8,15 +8,18 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from statekeep.context._types import SUMMARY, Event, LogEntry
+from statekeep.errors import SessionOwnerError
 
 
 @dataclass(frozen=True, slots=True)
 class Head:
-    """A session's bookkeeping row: last seq, the latest summary's seq, and retention's mark."""
+    """A session's bookkeeping row: last seq, the latest summary's seq, retention's mark, its owner."""
 
     last_seq: int
     summary_seq: int
     pruned_to: int
+    #: None for a session created without an owner (and not claimed since)
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,19 @@ class LogView(Protocol):
     def range(self, session_id: str, first: int, last: int) -> list[Event]:
         """Events with ``first <= seq <= last``, oldest first."""
         ...
+
+
+def check_reader(session_id: str, head: Head | None, owner: str | None) -> None:
+    """Refuse a read by ``owner`` of a session that is not theirs (no check when ``owner`` is None).
+
+    A session that does not exist yet has nothing to read, so it passes; an
+    existing session must have been claimed by ``owner``.
+
+    Raises:
+        SessionOwnerError: the session belongs to another owner, or to none yet.
+    """
+    if owner is not None and head is not None and head.owner != owner:
+        raise SessionOwnerError(session_id, owner, head.owner)
 
 
 def summary_event(view: LogView, session_id: str, head: Head | None = None) -> Event | None:

@@ -1,9 +1,19 @@
 """The context store contract.
 
-A backend implements three primitives: ``_view`` (a consistent read view of the
-log), ``_append`` (insert events with the next sequence numbers, atomically)
-and ``_delete_covered`` (retention). Validation, token counting, building,
-compaction and regeneration live here and in the pure modules, once.
+A backend implements five primitives: ``_view`` (a consistent read view of the
+log), ``_append`` (insert events with the next sequence numbers, atomically,
+after checking or claiming the session's owner), ``_claim`` (record a
+session's owner once), ``_sessions_of`` and ``_delete_covered`` (retention).
+Validation, token counting, building, compaction and regeneration live here
+and in the pure modules, once.
+
+A session belongs to one owner. Every entry point that reads or writes a
+session takes an optional ``owner``: given, a session of another owner is
+refused with :class:`~statekeep.errors.SessionOwnerError` before anything is
+read or written. A write by an owner claims a session that has none; a read
+by an owner needs the session to be theirs already (or not to exist yet).
+Without ``owner`` nothing is checked: the store alone stays usable without
+owners, and the runtime always passes one.
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from statekeep._numbers import MAX_INT
 from statekeep.context import compaction
-from statekeep.context._log import Draft, Head, LogView, summary_event
+from statekeep.context._log import Draft, Head, LogView, check_reader, summary_event
 from statekeep.context._types import Event, Message, Summary
 from statekeep.context.summarize import OfflineSummarizer, Summarizer
 from statekeep.context.tokens import TokenCounter, default_counter, message_tokens
@@ -25,12 +35,19 @@ from statekeep.context.validate import (
     check_counter,
     check_fraction,
     check_key,
+    check_owner,
     check_seq,
     check_session_id,
     check_summarizer,
     to_message,
 )
-from statekeep.errors import EventKeyConflictError, EventsPrunedError, InvalidInputError, SummaryNotFoundError
+from statekeep.errors import (
+    EventKeyConflictError,
+    EventsPrunedError,
+    InvalidInputError,
+    SessionOwnerError,
+    SummaryNotFoundError,
+)
 
 if TYPE_CHECKING:
     from statekeep.context.builder import BuiltContext
@@ -76,10 +93,48 @@ class ContextStore(ABC):
         if self.low_water >= self.high_water:
             raise InvalidInputError("must be below high_water", field="low_water")
 
+    # --- owners --------------------------------------------------------------------------
+
+    def claim(self, session_id: str, owner: str) -> None:
+        """Record ``owner`` as the session's owner, unless it has one; refuse another owner's session.
+
+        Creates the session (with no events) if it does not exist. The first
+        claim wins: two processes claiming one session for different owners at
+        once leave exactly one owner, and the other gets the error. A
+        session's owner never changes afterwards.
+
+        Raises:
+            SessionOwnerError: the session belongs to another owner; nothing was written.
+            InvalidInputError: a malformed session id or owner.
+        """
+        check_session_id(session_id)
+        owner = _required_owner(owner)
+        actual = self._claim(session_id, owner)
+        if actual != owner:
+            raise SessionOwnerError(session_id, owner, actual)
+
+    def owner_of(self, session_id: str) -> str | None:
+        """The session's owner; None when the session does not exist or has no owner yet."""
+        with self._view() as view:
+            head = view.head(check_session_id(session_id))
+        return None if head is None else head.owner
+
+    def sessions_of(self, owner: str) -> list[str]:
+        """The ids of the sessions ``owner`` owns, sorted (for export and erasure)."""
+        return self._sessions_of(_required_owner(owner))
+
     # --- writing -------------------------------------------------------------------------
 
+    def close(self) -> None:  # noqa: B027 - optional hook: the in-memory backend holds nothing
+        """Release connections; the store must not be used afterwards."""
+
     def append(
-        self, session_id: str, message: Message | Mapping[str, Any], *, key: str | None = None
+        self,
+        session_id: str,
+        message: Message | Mapping[str, Any],
+        *,
+        key: str | None = None,
+        owner: str | None = None,
     ) -> Event:
         """Append one message (user, assistant with or without tool calls, tool result, system).
 
@@ -87,40 +142,60 @@ class ContextStore(ABC):
         With ``key`` (an idempotency key, unique within the session), appending
         the same message again returns the stored event instead of a duplicate,
         so a step re-run after a crash does not log its messages twice.
+        With ``owner``, the session must be that owner's, or have no owner (it
+        is then claimed, in the same transaction).
 
         Raises:
             InvalidInputError: the session id, key or message is malformed; nothing was written.
             EventKeyConflictError: ``key`` already names a different message; nothing was written.
+            SessionOwnerError: the session belongs to another owner; nothing was written.
         """
         check_session_id(session_id)
+        owner = check_owner(owner)
         draft = replace(self._draft(to_message(message)), key=check_key(key))
-        stored = self._append(session_id, [draft], None)[0]
+        stored = self._append(session_id, [draft], None, owner)[0]
         if key is not None and (stored.kind, stored.payload) != (draft.kind, draft.payload):
             raise EventKeyConflictError(session_id, key, stored.seq)
         return stored
 
-    def find(self, session_id: str, key: str) -> Event | None:
+    def find(self, session_id: str, key: str, *, owner: str | None = None) -> Event | None:
         """The event appended with idempotency ``key`` in this session, None if there is none.
 
         Lets a step that is re-executed after a crash see what its first attempt
         already logged (for example a model answer, so it is not paid for twice).
+
+        Raises:
+            SessionOwnerError: ``owner`` is given and the session is not theirs.
         """
         check_session_id(session_id)
         checked = check_key(key)
         if checked is None:
             raise InvalidInputError("must be a non-empty string", field="key")
+        owner = check_owner(owner)
         with self._view() as view:
+            if owner is not None:
+                check_reader(session_id, view.head(session_id), owner)
             return view.by_key(session_id, checked)
 
-    def extend(self, session_id: str, messages: Iterable[Message | Mapping[str, Any]]) -> list[Event]:
-        """Append several messages in one transaction, with consecutive sequence numbers."""
+    def extend(
+        self,
+        session_id: str,
+        messages: Iterable[Message | Mapping[str, Any]],
+        *,
+        owner: str | None = None,
+    ) -> list[Event]:
+        """Append several messages in one transaction, with consecutive sequence numbers.
+
+        ``owner`` is checked (or claims the session) as in :meth:`append`.
+        """
         check_session_id(session_id)
+        owner = check_owner(owner)
         if isinstance(messages, str | bytes | Mapping | Message) or not isinstance(messages, Iterable):
             raise InvalidInputError("must be a list of messages", field="messages")
         drafts = [self._draft(to_message(m)) for m in messages]
         if not drafts:
             raise InvalidInputError("nothing to append", field="messages")
-        return self._append(session_id, drafts, None)
+        return self._append(session_id, drafts, None, owner)
 
     def _draft(self, message: Message) -> Draft:
         tokens = message_tokens(self.counter, message)
@@ -134,13 +209,23 @@ class ContextStore(ABC):
             head = view.head(check_session_id(session_id))
         return head.last_seq if head else 0
 
-    def events(self, session_id: str, *, after: int = 0, upto: int | None = None) -> list[Event]:
-        """Stored events of a session with ``after < seq <= upto``, oldest first."""
+    def events(
+        self, session_id: str, *, after: int = 0, upto: int | None = None, owner: str | None = None
+    ) -> list[Event]:
+        """Stored events of a session with ``after < seq <= upto``, oldest first.
+
+        Raises:
+            SessionOwnerError: ``owner`` is given and the session is not theirs.
+        """
         check_session_id(session_id)
-        if check_seq(after, "after") == MAX_INT:
-            return []  # nothing comes after the last 64-bit sequence number
+        owner = check_owner(owner)
+        check_seq(after, "after")
         with self._view() as view:
-            last = upto if upto is not None else (view.head(session_id) or Head(0, 0, 0)).last_seq
+            head = view.head(session_id)
+            check_reader(session_id, head, owner)
+            if after == MAX_INT:
+                return []  # nothing comes after the last 64-bit sequence number
+            last = upto if upto is not None else (head or Head(0, 0, 0)).last_seq
             return view.range(session_id, after + 1, check_seq(last, "upto"))
 
     def latest_summary(self, session_id: str) -> Summary | None:
@@ -159,6 +244,7 @@ class ContextStore(ABC):
         memories: Sequence[object] = (),
         compact: bool = True,
         counter: TokenCounter | None = None,
+        owner: str | None = None,
     ) -> BuiltContext:
         """The messages for the next model call, within ``budget`` tokens.
 
@@ -175,8 +261,12 @@ class ContextStore(ABC):
         Events counted by another counter are re-counted with ``counter``
         (default: the store's) for this build; stored counts are never mixed.
 
+        With ``owner``, the session must be that owner's (or not exist yet);
+        the check reads the same session row as the build, so it costs nothing.
+
         Raises:
             ContextBudgetError: the system prompt and pinned state alone exceed the budget.
+            SessionOwnerError: ``owner`` is given and the session is not theirs; nothing was read.
             InvalidInputError: a malformed argument.
         """
         from statekeep.context.builder import build
@@ -184,7 +274,8 @@ class ContextStore(ABC):
         counter = check_counter(counter) if counter is not None else self.counter
         if not isinstance(compact, bool):
             raise InvalidInputError("must be True or False", field="compact")
-        return build(self, session_id, budget, system, pinned, memories, compact, counter)
+        owner = check_owner(owner)
+        return build(self, session_id, budget, system, pinned, memories, compact, counter, owner)
 
     # --- summaries and retention ---------------------------------------------------------
 
@@ -249,15 +340,39 @@ class ContextStore(ABC):
         """A consistent read view of the log."""
 
     @abstractmethod
-    def _append(self, session_id: str, drafts: Sequence[Draft], expect_summary: int | None) -> list[Event]:
+    def _append(
+        self,
+        session_id: str,
+        drafts: Sequence[Draft],
+        expect_summary: int | None,
+        owner: str | None = None,
+    ) -> list[Event]:
         """Store ``drafts`` at ``last_seq + 1 ...`` atomically; a summary draft becomes the latest.
 
-        If the first draft has a ``key`` already stored in the session, write
+        With ``owner`` set, first (in the same transaction) raise
+        :class:`SessionOwnerError` if the session belongs to another owner, and
+        record ``owner`` if it has none (a new session is created owned). If
+        the first draft has a ``key`` already stored in the session, write
         nothing and return ``[that event]``. With ``expect_summary`` set, write
         nothing and return ``[]`` unless the session's latest summary seq is
         still ``expect_summary`` (0 for none).
         """
 
     @abstractmethod
+    def _claim(self, session_id: str, owner: str) -> str | None:
+        """Create the session if absent and set its owner if it has none, atomically; return its owner."""
+
+    @abstractmethod
+    def _sessions_of(self, owner: str) -> list[str]:
+        """The ids of ``owner``'s sessions, sorted."""
+
+    @abstractmethod
     def _delete_covered(self, session_id: str, upto: int) -> int:
         """Delete non-summary events with ``seq <= upto`` and record ``pruned_to``."""
+
+
+def _required_owner(owner: object) -> str:
+    checked = check_owner(owner)
+    if checked is None:
+        raise InvalidInputError("must be a non-empty string of at most 255 characters", field="owner")
+    return checked

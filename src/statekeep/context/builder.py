@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from statekeep._memory_block import render_memories
 from statekeep._text import check_unicode
 from statekeep.context import compaction
-from statekeep.context._log import Head, LogView, summary_event
+from statekeep.context._log import Head, LogView, check_reader, summary_event
 from statekeep.context._types import (
     SUMMARY,
     TOOL_CALL,
@@ -103,6 +103,7 @@ def build(
     memories: Sequence[object],
     compact: bool,
     counter: TokenCounter,
+    owner: str | None = None,
 ) -> BuiltContext:
     """See :meth:`ContextStore.build`."""
     check_session_id(session_id)
@@ -112,7 +113,9 @@ def build(
     rounds = MAX_ROUNDS if compact else 0
     compacted = False
     while True:
-        built, tail, needs, room = _build_once(store, session_id, budget, system, pinned, items, counter)
+        built, tail, needs, room = _build_once(
+            store, session_id, budget, system, pinned, items, counter, owner
+        )
         if not (rounds and needs):
             return _mark(built, compacted, None)
         done, error = _compact(store, session_id, tail, room, counter)
@@ -133,13 +136,16 @@ def _build_once(
     pinned: str | Mapping[str, Any] | None,
     items: list[MemoryItem],
     counter: TokenCounter,
+    owner: str | None,
 ) -> tuple[BuiltContext, list[LogEntry], bool, int]:
     """One build from the stores: (result, tail read, whether to compact, window room)."""
     sections = _fixed_sections(session_id, budget, system, pinned, counter)
     _fit_memories(sections, items, budget, counter)
     tokens_of = _tokens_of(counter)
     with store._view() as view:
-        head = view.head(session_id) or Head(0, 0, 0)
+        found = view.head(session_id)
+        check_reader(session_id, found, owner)  # before any event of the session is read
+        head = found or Head(0, 0, 0)
         floor = _add_summary(sections, view, session_id, head, budget, counter)
         room = budget - sections.used
         tail, complete, per_event = _read_tail(

@@ -6,7 +6,10 @@ event insert. The UPDATE takes the row lock, so concurrent appenders to one
 session queue on it (PostgreSQL re-reads the committed row under READ
 COMMITTED; SQLite serializes writers with ``BEGIN IMMEDIATE``); a rolled-back
 append rolls back its increment too. So seqs have no gaps and no duplicates.
-The same row points at the latest summary, so the builder finds it by key.
+The same row points at the latest summary, so the builder finds it by key,
+and records the session's owner: the append's ``UPDATE ... RETURNING`` returns
+it, so checking the owner costs no extra statement (the first owned append to
+an unowned session records it, under the same row lock).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from statekeep.db import Database, Migration, upgrade
 from statekeep.db.dialects import Dialect
 from statekeep.db.migrations import create_tables
 from statekeep.db.types import UTCDateTime
-from statekeep.errors import StorageError
+from statekeep.errors import SessionOwnerError, StorageError
 
 SCHEMA = "statekeep_context"
 metadata = sa.MetaData(schema=SCHEMA)
@@ -40,7 +43,10 @@ sessions = sa.Table(
     sa.Column("last_seq", sa.BigInteger, nullable=False),
     sa.Column("summary_seq", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("pruned_to", sa.BigInteger, nullable=False, server_default="0"),
+    # NULL: created without an owner (or before owners were recorded) and not claimed since
+    sa.Column("owner", sa.String(255), nullable=True),
 )
+sa.Index("context_sessions_owner", sessions.c.owner)
 
 events = sa.Table(
     "context_events",
@@ -65,10 +71,29 @@ sa.Index(
     sqlite_where=events.c.key.isnot(None),
 )
 
+
+def _add_session_owner(conn: Connection) -> None:
+    # Version 1 had no owner column. Tables created since (by migration 1, from the
+    # current metadata) already have it, hence the check. Existing sessions stay
+    # unowned (NULL): the context store does not know runs, so the first write with
+    # an owner, or claim(), records one (the runtime claims a session it finds
+    # unowned for the owner of the session's first run, see Runtime.claim_session).
+    schema = conn.get_execution_options().get("schema_translate_map", {}).get(SCHEMA, SCHEMA)
+    columns = {c["name"] for c in sa.inspect(conn).get_columns(sessions.name, schema=schema)}
+    if "owner" not in columns:
+        quote = conn.dialect.identifier_preparer.quote
+        table = f"{quote(schema)}.{quote(sessions.name)}" if schema else quote(sessions.name)
+        kind = sessions.c.owner.type.compile(dialect=conn.dialect)
+        conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN owner {kind}"))
+    for index in sessions.indexes:
+        index.create(conn, checkfirst=True)
+
+
 MIGRATIONS = [
     Migration(
         1, "context_sessions, context_events", create_tables(metadata, "context_sessions", "context_events")
-    )
+    ),
+    Migration(2, "context_sessions.owner: a session belongs to one owner", _add_session_owner),
 ]
 
 
@@ -89,14 +114,20 @@ class _KeyExists(Exception):
 
 
 def append_events(
-    conn: Connection, dialect: Dialect, session_id: str, drafts: Sequence[Draft], expect_summary: int | None
+    conn: Connection,
+    dialect: Dialect,
+    session_id: str,
+    drafts: Sequence[Draft],
+    expect_summary: int | None,
+    owner: str | None = None,
 ) -> list[Event]:
     """Append ``drafts`` inside the caller's transaction; see :meth:`ContextStore._append`.
 
     Raises:
+        SessionOwnerError: the session belongs to another owner (the caller rolls back).
         _GuardFailed: the latest summary is no longer ``expect_summary`` (the caller rolls back).
     """
-    last, summary_seq = _bump(conn, dialect, session_id, len(drafts))
+    last, summary_seq = _bump(conn, dialect, session_id, len(drafts), owner)
     if expect_summary is not None and summary_seq != expect_summary:
         raise _GuardFailed
     if drafts[0].key is not None:  # checked under the session row lock, so no race
@@ -113,19 +144,29 @@ def append_events(
     return stored
 
 
-def _bump(conn: Connection, dialect: Dialect, session_id: str, n: int) -> tuple[int, int]:
-    """Reserve ``n`` seqs: lock the session row and advance its counter; (new last, summary seq)."""
+def _bump(conn: Connection, dialect: Dialect, session_id: str, n: int, owner: str | None) -> tuple[int, int]:
+    """Reserve ``n`` seqs: lock the session row and advance its counter; (new last, summary seq).
+
+    With ``owner``, refuse another owner's session and claim an unowned one, under the row lock.
+    """
+    where = sessions.c.session_id == session_id
     bump = (
         sessions.update()
-        .where(sessions.c.session_id == session_id)
+        .where(where)
         .values(last_seq=sessions.c.last_seq + n)
-        .returning(sessions.c.last_seq, sessions.c.summary_seq)
+        .returning(sessions.c.last_seq, sessions.c.summary_seq, sessions.c.owner)
     )
     row = conn.execute(bump).first()
     if row is None:
-        new = dialect.insert(sessions).values(session_id=session_id, last_seq=0, summary_seq=0, pruned_to=0)
+        new = dialect.insert(sessions).values(
+            session_id=session_id, last_seq=0, summary_seq=0, pruned_to=0, owner=owner
+        )
         conn.execute(new.on_conflict_do_nothing(index_elements=["session_id"]))
         row = conn.execute(bump).one()
+    if owner is not None and row[2] != owner:
+        if row[2] is not None:
+            raise SessionOwnerError(session_id, owner, row[2])
+        conn.execute(sessions.update().where(where).values(owner=owner))  # the first owned write claims it
     return int(row[0]), int(row[1])
 
 
@@ -249,9 +290,9 @@ def _statements() -> dict[str, sa.Select[Any]]:
     tail = sa.select(*_ENTRY_COLUMNS).where(sid, seq > sa.bindparam("after"))
     newest = seq.desc()
     return {
-        "head": sa.select(sessions.c.last_seq, sessions.c.summary_seq, sessions.c.pruned_to).where(
-            sessions.c.session_id == sa.bindparam("sid")
-        ),
+        "head": sa.select(
+            sessions.c.last_seq, sessions.c.summary_seq, sessions.c.pruned_to, sessions.c.owner
+        ).where(sessions.c.session_id == sa.bindparam("sid")),
         "event": sa.select(*_COLUMNS).where(sid, seq == sa.bindparam("seq")),
         "key": sa.select(*_COLUMNS).where(sid, events.c.key == sa.bindparam("key")),
         "tail": tail.order_by(newest).limit(sa.bindparam("limit")),
@@ -274,7 +315,7 @@ class _SQLView:
 
     def head(self, session_id: str) -> Head | None:
         row = self._conn.execute(_Q["head"], {"sid": session_id}).first()
-        return None if row is None else Head(int(row[0]), int(row[1]), int(row[2]))
+        return None if row is None else Head(int(row[0]), int(row[1]), int(row[2]), row[3])
 
     def event(self, session_id: str, seq: int) -> Event | None:
         found = _events(session_id, self._conn.execute(_Q["event"], {"sid": session_id, "seq": seq}).all())
@@ -323,19 +364,57 @@ class SQLContextStore(ContextStore):
         self._entry_cache = _EntryCache()
         setup(self.db)
 
+    def close(self) -> None:
+        self.db.dispose()
+
     @contextmanager
     def _view(self) -> Iterator[LogView]:
         with self.db.read("reading the context log") as conn:
             yield _SQLView(conn, self._entry_cache)
 
-    def _append(self, session_id: str, drafts: Sequence[Draft], expect_summary: int | None) -> list[Event]:
+    def _append(
+        self,
+        session_id: str,
+        drafts: Sequence[Draft],
+        expect_summary: int | None,
+        owner: str | None = None,
+    ) -> list[Event]:
         try:
             with self.db.begin(f"appending to session {session_id!r}") as conn:
-                return append_events(conn, self.db.dialect, session_id, drafts, expect_summary)
+                return append_events(conn, self.db.dialect, session_id, drafts, expect_summary, owner)
         except _GuardFailed:
             return []
         except _KeyExists as existing:
             return [existing.event]
+
+    def _claim(self, session_id: str, owner: str) -> str | None:
+        with self._view() as view:
+            head = view.head(session_id)
+        if head is not None and head.owner is not None:
+            return head.owner  # an owner, once recorded, never changes: no write needed
+        # Insert-if-absent, then set-if-unowned: on PostgreSQL the second claimer's statements
+        # wait for the first one's row lock and then see its owner; SQLite serializes writers.
+        where = sessions.c.session_id == session_id
+        new = self.db.dialect.insert(sessions).values(
+            session_id=session_id, last_seq=0, summary_seq=0, pruned_to=0, owner=owner
+        )
+        claim = (
+            sessions.update()
+            .where(where)
+            .values(owner=sa.func.coalesce(sessions.c.owner, owner))
+            .returning(sessions.c.owner)
+        )
+        with self.db.begin(f"claiming session {session_id!r}") as conn:
+            conn.execute(new.on_conflict_do_nothing(index_elements=["session_id"]))
+            actual: str | None = conn.execute(claim).scalar_one()
+        return actual
+
+    def _sessions_of(self, owner: str) -> list[str]:
+        query = (
+            sa.select(sessions.c.session_id).where(sessions.c.owner == owner).order_by(sessions.c.session_id)
+        )
+        with self.db.read("listing sessions") as conn:
+            return [str(r[0]) for r in conn.execute(query)]
 
     def _delete_covered(self, session_id: str, upto: int) -> int:
         mark = sessions.update().where(sessions.c.session_id == session_id, sessions.c.pruned_to < upto)

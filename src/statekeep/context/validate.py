@@ -22,6 +22,11 @@ def check_session_id(session_id: object) -> str:
     return check_id(session_id, "session_id", MAX_ID)
 
 
+def check_owner(owner: object) -> str | None:
+    """A session owner: None (no check), or a non-empty string of at most 255 characters."""
+    return None if owner is None else check_id(owner, "owner", MAX_ID)
+
+
 def check_key(key: object) -> str | None:
     """An idempotency key: None, or a non-empty string of at most 255 characters."""
     return None if key is None else check_id(key, "key", MAX_ID)

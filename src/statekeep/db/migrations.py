@@ -72,6 +72,12 @@ def upgrade(db: Database, store: str, schema: str, migrations: Sequence[Migratio
     _check_numbering(store, migrations)
     db.register_schema(schema)
     try:
+        # a read first: opening a store whose schema is current takes no write lock
+        applied = current_version(db, store, schema)
+        if applied > len(migrations):
+            raise SchemaVersionError(store, applied, len(migrations), "database is newer than this code")
+        if applied == len(migrations):
+            return applied
         _apply_pending(db, store, _version_table(store, schema), schema, migrations)
     except (sa.exc.OperationalError, StorageError) as exc:
         raise storage_error(exc, f"upgrading the {store} store in {db!r}") from exc

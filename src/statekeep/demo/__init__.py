@@ -31,7 +31,7 @@ from rich.table import Table
 from statekeep._redact import redact_url
 from statekeep.config import Settings
 from statekeep.demo import crm
-from statekeep.workflow import RunStatus, WorkflowStore
+from statekeep.workflow import RunStatus, SQLWorkflowStore
 
 RESEARCH_SECONDS = 4.0
 MARKER = ".statekeep-demo"
@@ -215,9 +215,9 @@ class Demo:
     # --- helpers ------------------------------------------------------------------------------
 
     @property
-    def store(self) -> WorkflowStore:
+    def store(self) -> SQLWorkflowStore:
         if not hasattr(self, "_store"):
-            self._store = WorkflowStore(self.settings.url_for("workflow"))
+            self._store = SQLWorkflowStore(self.settings.url_for("workflow"))
         return self._store
 
     def _env(self, who: str, research: float = 0.0) -> dict[str, str]:

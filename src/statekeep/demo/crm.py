@@ -17,8 +17,7 @@ from typing import Any
 
 from statekeep.models import Message, ModelResponse, ScriptedModel, ToolCall
 from statekeep.runtime import Agent, AgentTool, Runtime, current_scope
-from statekeep.workflow import Reconciliation
-from statekeep.workflow import ToolCall as LedgerCall
+from statekeep.workflow import LedgerEntry, Reconciliation
 
 OWNER = "acme-sales"
 LEADS = {
@@ -75,7 +74,7 @@ def research_lead(key: str, lead_id: str) -> dict[str, Any]:
     return {"lead_id": lead_id, "found": profile is not None, **(profile or {})}
 
 
-def research_reconciler(call: LedgerCall) -> Reconciliation:
+def research_reconciler(call: LedgerEntry) -> Reconciliation:
     """Research only reads: if a crash cut it short, it is safe to run again."""
     _say(f"reconciler: research call {call.key} was cut short; it only reads, so run it again")
     return Reconciliation(happened=False)
@@ -116,7 +115,7 @@ def write_crm(key: str, lead_id: str, fields: dict[str, Any]) -> dict[str, Any]:
     return {"written": True, "lead_id": lead_id}
 
 
-def crm_reconciler(call: LedgerCall) -> Reconciliation:
+def crm_reconciler(call: LedgerEntry) -> Reconciliation:
     """Ask the CRM whether a write with this idempotency key landed."""
     conn = crm()
     try:

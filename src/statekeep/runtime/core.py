@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
+from statekeep._numbers import MAX_INT
 from statekeep.config import Settings
-from statekeep.context import SQLContextStore
+from statekeep.context import ContextStore, SQLContextStore
 from statekeep.db import Database
-from statekeep.errors import InvalidInputError
+from statekeep.errors import InvalidInputError, SessionOwnerError
 from statekeep.models import AsyncModel, Model
 from statekeep.runtime.agent import Agent, AgentState, check_run
 from statekeep.runtime.scope import current_scope, turn_limit
 from statekeep.runtime.steps import AgentSteps
 from statekeep.workflow import Engine, Registry, Run, RunContext, Worker, Workflow
-from statekeep.working import SQLWorkingStateStore
+from statekeep.working import SQLWorkingStateStore, WorkingStateStore
 
 if TYPE_CHECKING:
     from statekeep.memory import Embedder, Memory, MemoryKind, MemoryStore, SourceKind
@@ -27,22 +29,29 @@ class Runtime:
     embedded default, or PostgreSQL with pgvector), register agents, and run
     them here (:meth:`run`, :meth:`resume`) or on workers (:meth:`start`,
     :meth:`worker`).
+
+    A run's context session belongs to the run's owner: every entry point
+    claims it for that owner before anything is written, and a session of
+    another owner is refused with :class:`~statekeep.errors.SessionOwnerError`
+    (no run, no event, no state is written, and the model is not called).
     """
 
     def __init__(
         self,
         *,
         engine: Engine,
-        context: SQLContextStore,
-        working: SQLWorkingStateStore,
+        context: ContextStore,
+        working: WorkingStateStore,
         memory: Callable[[], MemoryStore],
         model: Model | AsyncModel,
     ) -> None:
         self.engine, self.context, self.working, self.model = engine, context, working, model
         self._open_memory = memory
         self._memory: MemoryStore | None = None
-        self.steps = AgentSteps(context, model, lambda: self.memory)
+        self.steps = AgentSteps(context, model, lambda: self.memory, claim=self._claim_session)
         self._agents: dict[tuple[str, int], tuple[Agent, Workflow[Any, Any]]] = {}
+        #: the owner of each session's first agent run, read once, to claim sessions older than owners
+        self._first_owners: dict[str, str] | None = None
 
     @classmethod
     def open(
@@ -122,9 +131,15 @@ class Runtime:
     def start(
         self, agent: Agent, run_id: str, *, owner: str, task: str, session_id: str | None = None
     ) -> Run:
-        """Record a run for a worker to execute; starting an existing id returns it unchanged."""
+        """Record a run for a worker to execute; starting an existing id returns it unchanged.
+
+        Raises:
+            SessionOwnerError: the session belongs to another owner; nothing was written.
+        """
         check_run(owner, task, session_id)
-        return self.engine.start(self.register(agent), run_id, owner, session_id or run_id, task)
+        workflow = self.register(agent)
+        self._claim_session(session_id or run_id, owner)
+        return self.engine.start(workflow, run_id, owner, session_id or run_id, task)
 
     def run(
         self,
@@ -136,20 +151,77 @@ class Runtime:
         session_id: str | None = None,
         turns: int | None = None,
     ) -> Run:
-        """Start or resume a run and execute it here until it finishes, waits, or has done ``turns`` turns."""
+        """Start or resume a run and execute it here until it finishes, waits, or has done ``turns`` turns.
+
+        The session (``session_id``, by default the run id) is claimed for ``owner``
+        before anything is written.
+
+        Raises:
+            SessionOwnerError: the session belongs to another owner; nothing was written.
+        """
         check_run(owner, task, session_id)
         workflow = self.register(agent)
+        self._claim_session(session_id or run_id, owner)
         with turn_limit(turns):
             return self.engine.run(workflow, run_id, owner, session_id or run_id, task)
 
     def resume(self, run_id: str, *, turns: int | None = None) -> Run:
-        """Continue a run by its id alone (its agent must be registered in this process)."""
+        """Continue a run by its id alone (its agent must be registered in this process).
+
+        Raises:
+            SessionOwnerError: the run's session belongs to another owner; nothing was written.
+        """
+        run = self.engine.store.get(run_id)
+        started = _agent_input(run)
+        if started is not None and not run.status.finished:
+            self._claim_session(started[1], started[0])
         with turn_limit(turns):
             return self.engine.resume(run_id)
 
     def worker(self, **kw: Any) -> Worker:
         """A worker that executes runnable runs of the registered agents (see :class:`Worker`)."""
         return Worker(self.engine, **kw)
+
+    # --- sessions ---------------------------------------------------------------------------
+
+    def _claim_session(self, session_id: str, owner: str) -> None:
+        """Make the session ``owner``'s, or refuse it: a session belongs to one owner.
+
+        A session that predates owners (events, but no owner) is first claimed for
+        the owner of its first agent run, so the upgrade hands no one else's
+        conversation to whichever owner happens to come first; a session without
+        runs goes to this owner.
+
+        Raises:
+            SessionOwnerError: the session belongs to another owner; nothing was written.
+        """
+        context = self.context
+        current = context.owner_of(session_id)
+        if current == owner:
+            return  # an owner, once recorded, never changes: one read on every later run
+        if current is not None:
+            raise SessionOwnerError(session_id, owner, current)
+        if context.last_seq(session_id) > 0:
+            first = self._first_owner(session_id)
+            if first is not None:
+                with suppress(SessionOwnerError):  # claimed meanwhile: the claim below names that owner
+                    context.claim(session_id, first)
+        context.claim(session_id, owner)
+
+    def _first_owner(self, session_id: str) -> str | None:
+        """The owner of the session's first agent run, from one pass over the runs per runtime.
+
+        Runs started since owners are recorded claim their session when they
+        start, so only older runs matter, and they are all there at the first pass.
+        """
+        if self._first_owners is None:
+            owners: dict[str, str] = {}
+            for run in self.engine.store.list_runs(limit=MAX_INT):  # oldest first
+                started = _agent_input(run)
+                if started is not None:
+                    owners.setdefault(started[1], started[0])
+            self._first_owners = owners
+        return self._first_owners.get(session_id)
 
     # --- memory -----------------------------------------------------------------------------
 
@@ -197,11 +269,21 @@ class Runtime:
         if self._memory is not None:
             self._memory.close()
             self._memory = None
-        for db in {id(s.db): s.db for s in (self.engine.store, self.context, self.working)}.values():
-            db.dispose()
+        for store in (self.engine.store, self.context, self.working):
+            store.close()  # stores that share a database each release it; a second dispose is a no-op
 
     def __enter__(self) -> Runtime:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _agent_input(run: Run) -> tuple[str, str] | None:
+    """(owner, session id) of an agent run, from its input; None for another workflow's run."""
+    if not run.workflow.startswith("agent."):
+        return None
+    args = run.input.get("args") if isinstance(run.input, dict) else None
+    if not isinstance(args, list) or len(args) != 3 or not all(isinstance(a, str) for a in args[:2]):
+        return None
+    return args[0], args[1]

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from statekeep.context import Event, MemoryItem, Message, SQLContextStore, ToolCall, to_openai
+from statekeep.context import ContextStore, Event, MemoryItem, Message, ToolCall, to_openai
 from statekeep.errors import AgentError, EventKeyConflictError
 from statekeep.models import AsyncModel, Model, ModelResponse, ToolSpec
 from statekeep.runtime.agent import Agent, AgentState, AgentTool
@@ -30,12 +30,20 @@ class AgentSteps:
     """The step functions of agent runs, over the context store, a model and the memory store.
 
     ``memory`` opens the memory store on first use (a LanceDB folder allows one writer).
+    ``claim(session_id, owner)`` makes the session the run's owner's or raises
+    :class:`~statekeep.errors.SessionOwnerError` (default: the context store's ``claim``).
     """
 
     def __init__(
-        self, context: SQLContextStore, model: Model | AsyncModel, memory: Callable[[], MemoryStore]
+        self,
+        context: ContextStore,
+        model: Model | AsyncModel,
+        memory: Callable[[], MemoryStore],
+        *,
+        claim: Callable[[str, str], None] | None = None,
     ) -> None:
         self.context, self.model, self._memory = context, model, memory
+        self._claim = claim or context.claim
         self._model_loop = ModelLoop()
 
     def close(self) -> None:
@@ -43,7 +51,12 @@ class AgentSteps:
         self._model_loop.close()
 
     def run(self, ctx: RunContext, agent: Agent, first: AgentState) -> str | None:
-        """The whole run: begin, then per turn a model step, its tool calls and their observe steps."""
+        """The whole run: begin, then per turn a model step, its tool calls and their observe steps.
+
+        The session is claimed for the run's owner first, on every execution (a
+        worker's too): a run never reads or appends to another owner's session.
+        """
+        self._claim(first.session_id, first.owner)
         tools = {t.name: t for t in agent.tools}
         ctx.step("begin", lambda: self.begin(ctx, first))
         for turn in range(agent.max_turns):
@@ -66,7 +79,9 @@ class AgentSteps:
 
     def begin(self, ctx: RunContext, state: AgentState) -> None:
         """First step: the task becomes the session's user message, and state version 1."""
-        event = self.context.append(state.session_id, Message.user(state.task), key=f"{ctx.run_id}/begin")
+        event = self.context.append(
+            state.session_id, Message.user(state.task), key=f"{ctx.run_id}/begin", owner=state.owner
+        )
         ctx.set_state(state.model_copy(update={"cursor": event.seq}))
         ctx.set_cursor(event.seq)
 
@@ -74,17 +89,20 @@ class AgentSteps:
         """Retrieve memories, build the context, call the model, record its answer."""
         state = self._state(ctx)
         key = f"{ctx.run_id}/model-{turn}"
-        logged = self.context.find(state.session_id, key)
+        logged = self.context.find(state.session_id, key, owner=state.owner)
         if logged is None:  # else the model answered before a crash: it is not paid for twice
             memories = self._memories(state, agent)
             built = self.context.build(
-                state.session_id, agent.budget, system=agent.system, pinned=state.pinned(), memories=memories
+                state.session_id,
+                agent.budget,
+                system=agent.system,
+                pinned=state.pinned(),
+                memories=memories,
+                owner=state.owner,
             )
             response = self._complete(to_openai(built.messages), [t.spec for t in agent.tools])
             calls = [ToolCall(c.id, c.name, c.arguments) for c in response.tool_calls]
-            logged = self._append(
-                state.session_id, Message.assistant(response.content or "", tool_calls=calls), key
-            )
+            logged = self._append(state, Message.assistant(response.content or "", tool_calls=calls), key)
         ctx.set_state(state.model_copy(update={"turn": turn + 1, "cursor": logged.seq}))
         ctx.set_cursor(logged.seq)
         message = logged.message
@@ -111,17 +129,18 @@ class AgentSteps:
         """Record a tool result in the context and the working state."""
         state = self._state(ctx)
         message = Message.tool_result(call["id"], json.dumps(result), name=call["name"])
-        seq = self._append(state.session_id, message, f"{ctx.run_id}/{step}").seq
+        seq = self._append(state, message, f"{ctx.run_id}/{step}").seq
         facts = {**state.facts, call["name"]: result}
         ctx.set_state(state.model_copy(update={"cursor": seq, "facts": facts}))
         ctx.set_cursor(seq)
 
-    def _append(self, session_id: str, message: Message, key: str) -> Event:
+    def _append(self, state: AgentState, message: Message, key: str) -> Event:
         """Append under an idempotency key; if another holder of the run logged first, use theirs."""
+        session_id, owner = state.session_id, state.owner
         try:
-            return self.context.append(session_id, message, key=key)
+            return self.context.append(session_id, message, key=key, owner=owner)
         except EventKeyConflictError:
-            logged = self.context.find(session_id, key)
+            logged = self.context.find(session_id, key, owner=owner)
             if logged is None:  # pragma: no cover - a key conflict means the key is stored
                 raise
             return logged

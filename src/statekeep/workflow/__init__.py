@@ -13,17 +13,18 @@ Examples:
 from statekeep.workflow._types import (
     Approval,
     Checkpoint,
+    LedgerEntry,
     Reconciliation,
     RetryPolicy,
     Run,
     RunStatus,
     StepRecord,
-    ToolCall,
 )
-from statekeep.workflow.context import AsyncRunContext, RunContext
+from statekeep.workflow.base import RunWrite, WorkflowStore
 from statekeep.workflow.engine import Engine
-from statekeep.workflow.gates import WorkflowStore
 from statekeep.workflow.registry import Reconciler, Registry, Step, Tool, Workflow
+from statekeep.workflow.run_context import AsyncRunContext, RunContext
+from statekeep.workflow.sql import SQLWorkflowStore
 from statekeep.workflow.worker import Worker
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "AsyncRunContext",
     "Checkpoint",
     "Engine",
+    "LedgerEntry",
     "Reconciler",
     "Reconciliation",
     "Registry",
@@ -38,10 +40,11 @@ __all__ = [
     "Run",
     "RunContext",
     "RunStatus",
+    "RunWrite",
+    "SQLWorkflowStore",
     "Step",
     "StepRecord",
     "Tool",
-    "ToolCall",
     "Worker",
     "Workflow",
     "WorkflowStore",

@@ -6,7 +6,7 @@ import enum
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from statekeep._numbers import check_int, check_seconds
 from statekeep.errors import InvalidInputError
@@ -15,16 +15,24 @@ from statekeep.errors import InvalidInputError
 class RunStatus(enum.StrEnum):
     """Where a run is. Only ``running`` needs a live process; every other state is a row."""
 
+    #: recorded, runnable once ``runnable_at`` is due; a worker or a resume takes it
     PENDING = "pending"
+    #: a worker holds its lease and executes it
     RUNNING = "running"
+    #: finished with an output
     COMPLETED = "completed"
+    #: finished with an error (a step exhausted its retries, or the workflow raised)
     FAILED = "failed"
+    #: stopped by a person; its lease was revoked
     CANCELLED = "cancelled"
+    #: parked until a due time (``ctx.sleep``)
     SLEEPING = "sleeping"
+    #: parked until an event arrives or its timeout passes (``ctx.wait_for_event``)
     WAITING_FOR_EVENT = "waiting_for_event"
+    #: parked until a person decides a gated tool call
     WAITING_FOR_APPROVAL = "waiting_for_approval"
+    #: parked until a child run finishes
     WAITING_FOR_CHILD = "waiting_for_child"
-    #: the ledger found an ambiguous tool call and no reconciler could settle it
     NEEDS_DECISION = "needs_decision"
 
     @property
@@ -38,7 +46,27 @@ FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """One run as stored. ``output`` is the decoded JSON result once completed."""
+    """One run as stored.
+
+    Attributes:
+        run_id: The caller's stable id of the run.
+        workflow: The registered workflow's name.
+        version: The workflow version the run executes (a journal migration may raise it).
+        status: Where the run is (:class:`RunStatus`).
+        input: The decoded ``{"args": [...], "kwargs": {...}}`` it was started with.
+        output: The decoded JSON result, once completed.
+        error: Why it failed, or was held back.
+        parent_id: The parent run, for a child run.
+        created_at: When it was first recorded.
+        updated_at: When it was last written.
+        finished_at: When it completed, failed or was cancelled.
+        epoch: The lease epoch: every write of a holder is fenced by it.
+        lease_owner: The worker that holds the run, while one does.
+        state_version: The latest working-state version a step committed.
+        cursor: The latest context cursor a step committed.
+        last_seq: The journal position of the last completed step.
+        waiting: What a waiting run waits for (a due time, an event, an approval, a child).
+    """
 
     run_id: str
     workflow: str
@@ -59,14 +87,41 @@ class Run:
     waiting: dict[str, Any] | None
 
 
+#: What a journal entry records: a step function, a tool call, a sleep, an event wait, a child run.
+StepKind = Literal["step", "tool", "sleep", "event", "child"]
+
+#: Where a tool call stands in the ledger.
+CallStatus = Literal["started", "completed"]
+
+#: What a person decides: a gated action, or whether an ambiguous call happened.
+ApprovalKind = Literal["gate", "ambiguous"]
+
+#: Where an approval stands.
+ApprovalStatus = Literal["pending", "approved", "rejected", "expired", "withdrawn"]
+
+
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """One journal entry: a completed step, tool call, wait or child run."""
+    """One journal entry: a completed step, tool call, wait or child run.
+
+    Attributes:
+        run_id: The run it belongs to.
+        seq: Its position in the run's journal, from 1.
+        name: The step's (or tool's, wait's, child workflow's) name.
+        kind: What it records (:data:`StepKind`).
+        input_hash: A sha256 of its arguments (of the output, for a tool call).
+        output: Its JSON output, as text; :attr:`value` decodes it.
+        attempt: The attempt of the retry policy that succeeded.
+        started_at: When the first attempt started.
+        finished_at: When the completion was written.
+        state_version: The working-state version committed with it, if any.
+        cursor: The context cursor committed with it, if any.
+    """
 
     run_id: str
     seq: int
     name: str
-    kind: str
+    kind: StepKind
     input_hash: str
     output: str
     attempt: int
@@ -82,8 +137,21 @@ class StepRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCall:
-    """One tool call in the ledger. ``status`` is ``started`` or ``completed``."""
+class LedgerEntry:
+    """One tool call in the ledger.
+
+    Attributes:
+        run_id: The run that made the call.
+        seq: The call's journal position.
+        tool: The tool's registered name.
+        key: The idempotency key (``<run id>/<seq>/<call index>``), passed to the tool.
+        args: The positional arguments, as recorded before the tool ran.
+        kwargs: The keyword arguments, likewise.
+        status: ``started`` before the tool runs, ``completed`` once its result is stored.
+        result: The decoded result, once completed.
+        started_at: When the call was (last) recorded as started.
+        completed_at: When it completed, if it did.
+    """
 
     run_id: str
     seq: int
@@ -91,7 +159,7 @@ class ToolCall:
     key: str
     args: list[Any]
     kwargs: dict[str, Any]
-    status: str
+    status: CallStatus
     result: Any
     started_at: datetime
     completed_at: datetime | None
@@ -101,21 +169,35 @@ class ToolCall:
 class Approval:
     """A gate a person must decide: a consequential action, or an ambiguous tool call.
 
-    ``kind`` is ``gate`` (approve = run it) or ``ambiguous`` (approve = it did not
-    happen, run it now; reject = it happened, ``result`` is its output).
-    ``status`` is ``pending``, ``approved``, ``rejected``, ``expired``, or
-    ``withdrawn`` (the run ended, by cancellation or otherwise, before a decision).
+    Attributes:
+        approval_id: Its id, which a decision names.
+        run_id: The run that waits for it.
+        seq: The journal position of the call it gates.
+        kind: ``gate`` (approve = run it) or ``ambiguous`` (approve = it did not
+            happen, run it now; reject = it happened, and ``result`` is its output).
+        action: The tool's name.
+        args: The exact arguments the call will run with (``args`` and ``kwargs``).
+        args_hash: Their sha256: an approval covers these arguments and no others.
+        reason: Why a person is asked.
+        status: ``pending``, ``approved``, ``rejected``, ``expired``, or ``withdrawn``
+            (the run ended, by cancellation or otherwise, before a decision).
+        created_at: When it was opened.
+        expires_at: When it expires undecided (and fails closed), if ever.
+        decided_by: Who decided.
+        decided_at: When it was decided (or expired, or withdrawn).
+        comment: The decider's comment.
+        result: For a rejected ``ambiguous`` call, the call's output as the person gave it.
     """
 
     approval_id: str
     run_id: str
     seq: int
-    kind: str
+    kind: ApprovalKind
     action: str
     args: dict[str, Any]
     args_hash: str
     reason: str
-    status: str
+    status: ApprovalStatus
     created_at: datetime
     expires_at: datetime | None
     decided_by: str | None
@@ -126,7 +208,14 @@ class Approval:
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """What the runtime needs to continue a run: the last step, state version and cursor."""
+    """What the runtime needs to continue a run.
+
+    Attributes:
+        run_id: The run.
+        last_seq: The journal position of the last completed step.
+        state_version: The latest working-state version a step committed.
+        cursor: The latest context cursor a step committed.
+    """
 
     run_id: str
     last_seq: int

@@ -1,4 +1,4 @@
-"""Pure JSON helpers: exact encoding, stable hashes, row-to-record mapping."""
+"""Pure JSON helpers: exact encoding and stable hashes."""
 
 from __future__ import annotations
 
@@ -6,10 +6,7 @@ import hashlib
 import json
 from typing import Any
 
-from sqlalchemy.engine import RowMapping
-
 from statekeep._json import MAX_DEPTH, json_problem
-from statekeep.workflow._types import Approval, Run, RunStatus, StepRecord, ToolCall
 
 
 class NotJSONError(ValueError):
@@ -65,60 +62,3 @@ def loose_digest(value: Any) -> str:
 def loads(text: str | None) -> Any:
     """Decode stored JSON text (None stays None)."""
     return None if text is None else json.loads(text)
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def run_record(row: RowMapping) -> Run:
-    """Map a ``runs`` row onto a :class:`Run`."""
-    return Run(
-        run_id=row["run_id"],
-        workflow=row["workflow"],
-        version=row["version"],
-        status=RunStatus(row["status"]),
-        input=_loads(row["input"]),
-        output=_loads(row["output"]),
-        error=row["error"],
-        parent_id=row["parent_id"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        finished_at=row["finished_at"],
-        epoch=row["epoch"],
-        lease_owner=row["lease_owner"],
-        state_version=row["state_version"],
-        cursor=row["cursor"],
-        last_seq=row["last_seq"],
-        waiting=_loads(row["waiting"]),
-    )
-
-
-def step_record(row: RowMapping) -> StepRecord:
-    """Map a ``steps`` row onto a :class:`StepRecord`."""
-    return StepRecord(**{k: row[k] for k in StepRecord.__slots__})
-
-
-def tool_call_record(row: RowMapping) -> ToolCall:
-    """Map a ``tool_calls`` row onto a :class:`ToolCall`."""
-    args = json.loads(row["args"])
-    return ToolCall(
-        run_id=row["run_id"],
-        seq=row["seq"],
-        tool=row["tool"],
-        key=row["key"],
-        args=args["args"],
-        kwargs=args["kwargs"],
-        status=row["status"],
-        result=_loads(row["result"]),
-        started_at=row["started_at"],
-        completed_at=row["completed_at"],
-    )
-
-
-def approval_record(row: RowMapping) -> Approval:
-    """Map an ``approvals`` row onto an :class:`Approval`."""
-    values = {k: row[k] for k in Approval.__slots__}
-    values["args"] = json.loads(row["args"])
-    values["result"] = _loads(row["result"])
-    return Approval(**values)

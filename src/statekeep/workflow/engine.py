@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 import threading
@@ -11,14 +10,9 @@ import uuid
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
-import pydantic
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection
-
 from statekeep._numbers import check_seconds
 from statekeep._text import check_id
 from statekeep.db import Database
-from statekeep.db.engine import storage_error
 from statekeep.errors import (
     ConfigError,
     InvalidInputError,
@@ -30,14 +24,14 @@ from statekeep.errors import (
     UnknownWorkflowError,
     WorkflowVersionError,
 )
-from statekeep.workflow import codec, store
+from statekeep.workflow import codec
 from statekeep.workflow._types import FINISHED, Run, RunStatus
-from statekeep.workflow.context import AsyncRunContext, RunContext
-from statekeep.workflow.gates import WorkflowStore
+from statekeep.workflow.base import WorkflowStore, now
+from statekeep.workflow.execution import Execution
 from statekeep.workflow.registry import Registry, Workflow
-from statekeep.workflow.tables import runs, steps
-from statekeep.working import StateVersion, WorkingStateStore
-from statekeep.working import sql as working_sql
+from statekeep.workflow.run_context import AsyncRunContext, RunContext
+from statekeep.workflow.sql import SQLWorkflowStore
+from statekeep.working import WorkingStateStore
 from statekeep.working.base import check_run_id
 
 P = ParamSpec("P")
@@ -52,7 +46,8 @@ class Engine:
 
     Share one :class:`~statekeep.db.Database` with a
     :class:`~statekeep.working.SQLWorkingStateStore` and each step's completion
-    commits in the same transaction as the state version it produced.
+    commits in the same transaction as the state version it produced. ``db`` may
+    also be any :class:`~statekeep.workflow.WorkflowStore` backend.
 
     Examples:
         >>> from statekeep.workflow import Registry, RunContext
@@ -67,7 +62,7 @@ class Engine:
 
     def __init__(
         self,
-        db: Database | str,
+        db: Database | str | WorkflowStore,
         registry: Registry,
         *,
         state_store: WorkingStateStore | None = None,
@@ -83,14 +78,11 @@ class Engine:
             raise InvalidInputError(
                 f"must be a WorkingStateStore or None, not {type(state_store).__name__}", field="state_store"
             )
-        self.store = WorkflowStore(db)
+        self.store = db if isinstance(db, WorkflowStore) else SQLWorkflowStore(db)
         self.registry = registry
         self.state_store = state_store
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.lease = float(lease)
-        self._shared = (
-            isinstance(state_store, working_sql.SQLWorkingStateStore) and state_store.db is self.store.db
-        )
 
     # --- entry points ---------------------------------------------------------------------
 
@@ -154,10 +146,10 @@ class Engine:
     def execute(self, run: Run) -> Run:
         """Execute a run this engine already holds the lease of (a worker's claim)."""
         workflow = self._resolve(run)
-        ctx = RunContext(self, run, workflow)
+        exe = Execution(self.store, run, workflow, states=self.state_store, children=self)
         with _Heartbeat(self, run):
             try:
-                output = _invoke(ctx, workflow, run.input)
+                output = _invoke(exe, self.store, run.input)
             except Suspended:
                 return self.store.get(run.run_id)
             except (LeaseLostError, *_HOLD) as exc:
@@ -165,15 +157,13 @@ class Engine:
                 raise
             except (StorageError, ConfigError):  # infrastructure, not the run: lease lapses, it is retried
                 raise
-            except sa.exc.SQLAlchemyError as exc:
-                raise storage_error(exc, f"executing run {run.run_id!r}") from exc
             except Exception as exc:
-                return self._finish(ctx, RunStatus.FAILED, None, f"{type(exc).__name__}: {exc}")
+                return self._finish(run, RunStatus.FAILED, None, f"{type(exc).__name__}: {exc}")
             try:
                 encoded = codec.to_json(output)
             except codec.NotJSONError as exc:
-                return self._finish(ctx, RunStatus.FAILED, None, f"workflow output is not JSON: {exc}")
-            return self._finish(ctx, RunStatus.COMPLETED, encoded, None)
+                return self._finish(run, RunStatus.FAILED, None, f"workflow output is not JSON: {exc}")
+            return self._finish(run, RunStatus.COMPLETED, encoded, None)
 
     def held_back(self) -> list[Run]:
         """Live runs this code cannot continue: unknown or unmigratable versions, or held by an error."""
@@ -193,7 +183,7 @@ class Engine:
         run_id: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        parent_id: str | None = None,
+        parent: Run | None = None,
     ) -> Run:
         check_run_id(run_id)
         if not isinstance(workflow, Workflow):
@@ -214,20 +204,41 @@ class Engine:
                 "input": text,
                 "input_hash": codec.digest(payload),
                 "status": RunStatus.PENDING.value,
-                "runnable_at": store.now(),
-                "parent_id": parent_id,
+                "runnable_at": now(),
+                "parent_id": None if parent is None else parent.run_id,
                 "state_schema": None
                 if state is None
                 else getattr(state, "state_schema", "") or state.__name__,
                 "state_schema_version": None if state is None else getattr(state, "state_version", 1),
-            }
+            },
+            parent=parent,
         )
 
-    def _take_and_execute(self, run: Run) -> Run:
+    def _take_and_execute(self, run: Run, parent: Run | None = None) -> Run:
         if run.status.finished:
             return run
         self._resolve(run)  # fail before taking the lease when the version cannot run
-        return self.execute(self.store.acquire(run.run_id, self.owner, self.lease))
+        taken = self.store.acquire(run.run_id, self.owner, self.lease, parent=parent)
+        if taken is None:  # a child another worker holds: the parent waits for it
+            return run
+        return taken if taken.status.finished else self.execute(taken)
+
+    # --- child runs (the ChildRunner of an Execution) ---------------------------------------
+
+    def open_child(
+        self,
+        workflow: Workflow[Any, Any],
+        run_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        parent: Run,
+    ) -> Run:
+        """Record a child run of ``parent`` (fenced by the parent's lease), or return the existing one."""
+        return self._open(workflow, run_id, args, kwargs, parent=parent)
+
+    def run_child(self, child: Run, parent: Run) -> Run:
+        """Take a child through its parent's lease and execute it here; unchanged if another holds it."""
+        return self._take_and_execute(child, parent=parent)
 
     def _resolve(self, run: Run) -> Workflow[Any, Any]:
         """The workflow code for a run, migrating its journal to a newer version if needed."""
@@ -242,66 +253,38 @@ class Engine:
         journal = self.store.steps(run.run_id)
         for migrate in chain:
             journal = migrate(journal)
-        with self.store.fenced(run.run_id, run.epoch) as conn:
-            conn.execute(steps.delete().where(steps.c.run_id == run.run_id))
-            for step in journal:
-                conn.execute(steps.insert().values({k: getattr(step, k) for k in step.__slots__}))
-            last = max((s.seq for s in journal), default=0)
-            conn.execute(
-                runs.update().where(runs.c.run_id == run.run_id).values(version=target, last_seq=last)
-            )
+        with self.store.fenced(run) as tx:
+            tx.replace_journal(journal, target)
         return self.registry.get(run.workflow, target)
 
-    def _save_state(
-        self, conn: Connection, staged: tuple[pydantic.BaseModel, StateVersion] | None, latest: int | None
-    ) -> int | None:
-        """Write a staged working state for a completion; return its version (None if none staged).
-
-        In the caller's transaction when the stores share a database; otherwise first,
-        in its own, so that the completion can point at it. ``latest`` is the version
-        the run last committed, when known: the fenced writer then appends the next
-        one in a single statement (a concurrent foreign write is a conflict).
-
-        Raises:
-            VersionConflictError: someone else appended a version of this run meanwhile.
-        """
-        if staged is None or self.state_store is None:
-            return None
-        state, record = staged
-        if not self._shared:
-            return self.state_store.save(record.run_id, state).version
-        if latest is None:
-            return working_sql.append(conn, record, None).version
-        return working_sql.append_after(conn, record, latest)
-
-    def _finish(self, ctx: RunContext, status: RunStatus, output: str | None, error: str | None) -> Run:
-        with self.store.fenced(ctx.run_id, ctx.run.epoch) as conn:
-            store.finish(conn, ctx.run, status, output, error)
-        return self.store.get(ctx.run_id)
+    def _finish(self, run: Run, status: RunStatus, output: str | None, error: str | None) -> Run:
+        with self.store.fenced(run) as tx:
+            tx.finish(status, output, error)
+        return self.store.get(run.run_id)
 
     def _hold(self, run: Run, exc: BaseException) -> None:
         """Park a run the code cannot continue, so workers stop picking it up; a resume retries."""
         if isinstance(exc, LeaseLostError):
             return
         try:
-            with self.store.fenced(run.run_id, run.epoch) as conn:
-                held = json.dumps({"held": f"{type(exc).__name__}: {exc}"})
-                store.suspend(conn, run.run_id, RunStatus.PENDING, None, held)
+            with self.store.fenced(run) as tx:
+                tx.suspend(RunStatus.PENDING, None, {"held": f"{type(exc).__name__}: {exc}"})
         except LeaseLostError:
             pass
 
 
-def _invoke(ctx: RunContext, workflow: Workflow[Any, Any], stored: dict[str, Any]) -> Any:
-    args, kwargs = stored["args"], stored["kwargs"]
+def _invoke(exe: Execution, store: WorkflowStore, stored: dict[str, Any]) -> Any:
+    args, kwargs, workflow = stored["args"], stored["kwargs"], exe.workflow
+    ctx = RunContext(exe)
     if not workflow.is_async:
         return workflow.fn(ctx, *args, **kwargs)
-    db = ctx.engine.store.db
-    if db.name == "sqlite" and db.url.database in (None, "", ":memory:"):
+    db = getattr(store, "db", None)
+    if isinstance(db, Database) and db.name == "sqlite" and db.url.database in (None, "", ":memory:"):
         # each thread would see its own empty in-memory database
         raise ConfigError(db.setting, str(db.url), "async workflows need a SQLite file, not :memory:")
 
     async def _main() -> Any:
-        ctx.loop = asyncio.get_running_loop()
+        exe.loop = asyncio.get_running_loop()
         return await workflow.fn(AsyncRunContext(ctx), *args, **kwargs)
 
     return asyncio.run(_main())

@@ -14,10 +14,10 @@ import pydantic
 from statekeep._numbers import check_duration, check_int
 from statekeep._text import check_id, check_storable
 from statekeep.errors import InvalidInputError, UnknownWorkflowError
-from statekeep.workflow._types import Reconciliation, RetryPolicy, StepRecord, ToolCall
+from statekeep.workflow._types import LedgerEntry, Reconciliation, RetryPolicy, StepRecord
 
 if TYPE_CHECKING:
-    from statekeep.workflow.context import AsyncRunContext, RunContext
+    from statekeep.workflow.run_context import AsyncRunContext, RunContext
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -29,7 +29,7 @@ JournalMigration = Callable[[list[StepRecord]], list[StepRecord]]
 class Reconciler(Protocol):
     """Decides whether an ambiguous tool call (started, never completed) actually happened."""
 
-    def __call__(self, call: ToolCall) -> Reconciliation: ...
+    def __call__(self, call: LedgerEntry) -> Reconciliation: ...
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ runs = sa.Table(
     sa.Column("lease_owner", sa.String(255)),
     sa.Column("lease_expires_at", UTCDateTime),
     sa.Column("epoch", sa.Integer, nullable=False, default=0),
+    # the parent's epoch when its holder took this (child) run inline; NULL when a worker claimed it
+    sa.Column("lease_parent_epoch", sa.Integer),
     sa.Column("state_schema", sa.String(255)),
     sa.Column("state_schema_version", sa.Integer),
     sa.Column("state_version", sa.Integer),
@@ -113,6 +115,21 @@ def _drop_approvals_run_id_index(conn: Connection) -> None:
     sa.Index("ix_statekeep_workflow_approvals_run_id", version_1.c.run_id).drop(conn, checkfirst=True)
 
 
+def _add_lease_parent_epoch(conn: Connection) -> None:
+    # Tables created since this migration already have the column (migration 1 builds
+    # them from the current metadata), hence the check.
+    schema = _schema(conn)
+    present = {c["name"] for c in sa.inspect(conn).get_columns("runs", schema=schema)}
+    if "lease_parent_epoch" not in present:
+        table = "runs" if schema is None else f"{schema}.runs"
+        conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN lease_parent_epoch INTEGER"))
+
+
+def _schema(conn: Connection) -> str | None:
+    # SQLite has no schemas: the Database maps the store's schema away (see db.engine)
+    return SCHEMA if conn.dialect.name == "postgresql" else None
+
+
 MIGRATIONS = [
     Migration(
         1,
@@ -120,6 +137,7 @@ MIGRATIONS = [
         create_tables(metadata, "runs", "steps", "tool_calls", "approvals", "events"),
     ),
     Migration(2, "drop the approvals index on run_id alone", _drop_approvals_run_id_index),
+    Migration(3, "runs.lease_parent_epoch: children taken through their parent", _add_lease_parent_epoch),
 ]
 
 

@@ -6,10 +6,8 @@ import logging
 import threading
 import time
 
-import sqlalchemy as sa
-
 from statekeep._numbers import check_int, check_seconds
-from statekeep.errors import InvalidInputError, LeaseLostError, StatekeepError
+from statekeep.errors import InvalidInputError, LeaseLostError, StatekeepError, StorageError
 from statekeep.workflow.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -44,10 +42,10 @@ class Worker:
                 self.engine.execute(run)
             except LeaseLostError as exc:
                 log.warning("fenced: %s", exc)
+            except StorageError as exc:  # the lease lapses and another worker retries the run
+                log.warning("run %s interrupted by a database error: %s", run.run_id, exc)
             except StatekeepError as exc:
                 log.error("run %s stopped: %s", run.run_id, exc)
-            except sa.exc.SQLAlchemyError as exc:  # the lease lapses and another worker retries the run
-                log.warning("run %s interrupted by a database error: %s", run.run_id, exc)
         return len(claimed)
 
     def run(self, *, stop: threading.Event | None = None, idle_exit: float | None = None) -> int:
@@ -57,7 +55,7 @@ class Worker:
         while not stop.is_set():
             try:
                 n = self.run_once()
-            except sa.exc.SQLAlchemyError as exc:  # the database blinked: back off and try again
+            except StorageError as exc:  # the database blinked: back off and try again
                 log.warning("claim failed: %s", exc)
                 n = 0
             handled += n

@@ -110,6 +110,9 @@ class SQLWorkingStateStore(WorkingStateStore):
         self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_WORKING_URL")
         setup(self.db)
 
+    def close(self) -> None:
+        self.db.dispose()
+
     def _append(self, record: StateVersion, expected: int | None) -> StateVersion:
         with self.db.begin(f"saving state of run {record.run_id!r}") as conn:
             return append(conn, record, expected)

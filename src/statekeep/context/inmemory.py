@@ -6,13 +6,14 @@ import bisect
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from statekeep.context._log import Draft, Head, LogView
 from statekeep.context._types import SUMMARY, Event
 from statekeep.context.base import ContextStore
 from statekeep.context.summarize import Summarizer
 from statekeep.context.tokens import TokenCounter
+from statekeep.errors import SessionOwnerError
 
 
 @dataclass(slots=True)
@@ -86,9 +87,17 @@ class InMemoryContextStore(ContextStore):
         with self._lock:
             yield _MemoryView(self._sessions)
 
-    def _append(self, session_id: str, drafts: Sequence[Draft], expect_summary: int | None) -> list[Event]:
+    def _append(
+        self,
+        session_id: str,
+        drafts: Sequence[Draft],
+        expect_summary: int | None,
+        owner: str | None = None,
+    ) -> list[Event]:
         with self._lock:
             s = self._sessions.setdefault(session_id, _Session())
+            if owner is not None and s.head.owner not in (None, owner):
+                raise SessionOwnerError(session_id, owner, s.head.owner)
             if expect_summary is not None and s.head.summary_seq != expect_summary:
                 return []
             if drafts[0].key in s.keys:
@@ -100,8 +109,21 @@ class InMemoryContextStore(ContextStore):
             s.events.extend(events)
             s.keys.update((e.key, e) for e in events if e.key is not None)
             summary_seq = summaries[-1] if summaries else s.head.summary_seq
-            s.head = Head(events[-1].seq, summary_seq, s.head.pruned_to)
+            # the first write with an owner claims an unowned session (as the SQL backend does,
+            # only when it writes: a guard or key hit above rolls the claim back there)
+            s.head = Head(events[-1].seq, summary_seq, s.head.pruned_to, s.head.owner or owner)
             return events
+
+    def _claim(self, session_id: str, owner: str) -> str | None:
+        with self._lock:
+            s = self._sessions.setdefault(session_id, _Session())
+            if s.head.owner is None:
+                s.head = replace(s.head, owner=owner)
+            return s.head.owner
+
+    def _sessions_of(self, owner: str) -> list[str]:
+        with self._lock:
+            return sorted(k for k, s in self._sessions.items() if s.head.owner == owner)
 
     def _delete_covered(self, session_id: str, upto: int) -> int:
         with self._lock:
@@ -111,5 +133,5 @@ class InMemoryContextStore(ContextStore):
             keep = [e for e in s.events if e.seq > upto or e.kind == SUMMARY]
             removed = len(s.events) - len(keep)
             s.events, s.seqs = keep, [e.seq for e in keep]
-            s.head = Head(s.head.last_seq, s.head.summary_seq, max(s.head.pruned_to, upto))
+            s.head = replace(s.head, pruned_to=max(s.head.pruned_to, upto))
             return removed

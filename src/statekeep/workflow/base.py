@@ -1,0 +1,347 @@
+"""The workflow store's contract: what a backend implements, and what a running step writes through.
+
+A backend implements :class:`WorkflowStore` (runs, leases, the journal, the
+ledger, approvals, events) and :class:`RunWrite`, the unit of work of one fenced
+transaction: every write a worker makes to a run goes through
+:meth:`WorkflowStore.fenced`, which refuses the whole transaction once the
+worker's lease epoch is no longer the run's current one. The engine and the run
+context never see SQL; ``statekeep.testing`` checks that a backend keeps the
+invariants.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pydantic
+
+from statekeep.errors import InvalidInputError
+from statekeep.workflow._types import Approval, Checkpoint, LedgerEntry, Run, RunStatus, StepRecord
+from statekeep.working import StateVersion, WorkingStateStore
+
+#: The largest journal position: seq columns are 32-bit integers.
+MAX_SEQ = 2**31 - 1
+
+#: Approval statuses, in the order a person meets them.
+APPROVAL_STATUSES = ("pending", "approved", "rejected", "expired", "withdrawn")
+
+#: Runs a person or a worker still has to act on.
+LIVE = frozenset(s for s in RunStatus if not s.finished)
+
+#: A staged working state: the validated model and the version record that will store it.
+StagedState = tuple[pydantic.BaseModel, StateVersion]
+
+
+def now() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+def statuses(status: RunStatus | str | Iterable[RunStatus | str]) -> list[RunStatus]:
+    """One status, its name, or several, as statuses.
+
+    Raises:
+        InvalidInputError: a value that names no status.
+    """
+    given = [status] if isinstance(status, str) else status
+    try:
+        return [RunStatus(s) for s in given]
+    except (TypeError, ValueError):
+        names = ", ".join(s.value for s in RunStatus)
+        raise InvalidInputError(f"must be one or more of {names}", field="status") from None
+
+
+class RunWrite(ABC):
+    """One fenced write transaction of a run: everything in it commits together, or nothing does.
+
+    Obtained from :meth:`WorkflowStore.fenced`; its methods act on the run it was
+    opened for (``run``) and are only valid inside the ``with`` block.
+    """
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    # --- the journal ----------------------------------------------------------------------
+
+    @abstractmethod
+    def record_step(self, step: StepRecord) -> None:
+        """Insert a journal entry and move the run's checkpoint (last seq, state version, cursor)."""
+
+    def save_state(self, states: WorkingStateStore, staged: StagedState, latest: int | None) -> int:
+        """Store a staged working state for the completion being written; return its version.
+
+        The default writes it first, in the state store's own transaction, so that the
+        completion can point at it (a crash in between leaves a version no step points
+        at, which replay never reads). A backend that shares a database with the state
+        store overrides this to write both in this transaction.
+        """
+        state, _ = staged
+        return states.save(self.run.run_id, state).version
+
+    @abstractmethod
+    def replace_journal(self, journal: list[StepRecord], version: int) -> None:
+        """Rewrite the whole journal (a journal migration) and move the run to ``version``."""
+
+    # --- the ledger -----------------------------------------------------------------------
+
+    @abstractmethod
+    def start_call(self, seq: int, tool: str, key: str, args: str) -> None:
+        """Record a tool call as started, with its idempotency key, before it runs."""
+
+    @abstractmethod
+    def restart_call(self, seq: int) -> None:
+        """Mark a settled ambiguous call as started again, just before it is re-run."""
+
+    @abstractmethod
+    def drop_call(self, seq: int) -> None:
+        """Forget a started call whose tool raised: it reported that it did not complete."""
+
+    @abstractmethod
+    def complete_call(self, seq: int, result: str) -> None:
+        """Store a tool call's result and mark it completed."""
+
+    # --- approvals and events -------------------------------------------------------------
+
+    @abstractmethod
+    def open_approval(self, fields: dict[str, Any], expires_at: datetime | None) -> str:
+        """Insert a pending approval; return its id.
+
+        ``fields`` holds its seq, kind, action, args, args_hash and reason.
+        """
+
+    @abstractmethod
+    def approval_pending(self, approval_id: str) -> bool:
+        """True while an approval awaits a decision."""
+
+    @abstractmethod
+    def expire_approval(self, approval_id: str) -> None:
+        """Mark a pending approval expired (fail closed)."""
+
+    @abstractmethod
+    def take_event(self, name: str, seq: int) -> tuple[bool, Any]:
+        """Consume the oldest unconsumed event ``name`` for the wait at ``seq``: (received, payload)."""
+
+    # --- the run's status -----------------------------------------------------------------
+
+    @abstractmethod
+    def suspend(self, status: RunStatus, wake_at: datetime | None, waiting: dict[str, Any]) -> None:
+        """Park the run in a waiting state and release its lease."""
+
+    @abstractmethod
+    def wake(self, waiting: Iterable[RunStatus]) -> bool:
+        """Make the run runnable now if it is in one of the ``waiting`` states."""
+
+    @abstractmethod
+    def finish(self, status: RunStatus, output: str | None, error: str | None) -> None:
+        """End the run, withdraw its pending approvals, and wake its parent if it waits for it."""
+
+    @abstractmethod
+    def child_finished(self, child_id: str) -> bool:
+        """True when the child run ``child_id`` has finished (read under this transaction's lock)."""
+
+
+class WorkflowStore(ABC):
+    """The workflow store: runs, leases, the journal, the ledger, approvals and events.
+
+    :class:`~statekeep.workflow.SQLWorkflowStore` is the backend for SQLite and
+    PostgreSQL. Reads take a run id; every write of a running worker goes through
+    :meth:`fenced`.
+    """
+
+    # --- runs -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def open_run(self, run: dict[str, Any], *, parent: Run | None = None) -> Run:
+        """Insert a new run (``run`` holds its fields) or return the existing one with that id.
+
+        With ``parent``, the insert is fenced by the parent's lease epoch: a stale
+        holder of the parent cannot create its children.
+
+        Raises:
+            RunConflictError: the id is taken by another workflow or another input.
+            LeaseLostError: ``parent`` was taken over; nothing was written.
+        """
+
+    @abstractmethod
+    def find(self, run_id: str) -> Run | None:
+        """The run with this id, or None."""
+
+    @abstractmethod
+    def list_runs(
+        self,
+        *,
+        status: RunStatus | str | Iterable[RunStatus | str] | None = None,
+        workflow: str | None = None,
+        parent_id: str | None = None,
+        limit: int = 1000,
+    ) -> list[Run]:
+        """Runs filtered by status (a status, its name, or several), workflow name or parent, oldest first."""
+
+    @abstractmethod
+    def cancel(self, run_id: str) -> Run:
+        """Cancel a live run; its lease is revoked (epoch bumped) so no worker advances it.
+
+        Raises:
+            RunNotFoundError: no such run.
+            RunFinishedError: the run has already finished.
+        """
+
+    def get(self, run_id: str) -> Run:
+        """The run with this id.
+
+        Raises:
+            RunNotFoundError: no such run.
+        """
+        from statekeep.errors import RunNotFoundError
+
+        run = self.find(run_id)
+        if run is None:
+            raise RunNotFoundError(run_id)
+        return run
+
+    def checkpoint(self, run_id: str) -> Checkpoint:
+        """The run's last completed step, latest working-state version and context cursor."""
+        run = self.get(run_id)
+        return Checkpoint(run.run_id, run.last_seq, run.state_version, run.cursor)
+
+    # --- leases ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def acquire(self, run_id: str, owner: str, lease: float, *, parent: Run | None = None) -> Run | None:
+        """Take a run for ``owner``: bump its epoch (fencing every earlier holder) and lease it.
+
+        Without ``parent`` this is an explicit takeover (a person's resume): the run is
+        taken from any holder. With ``parent`` (a child run started inline), it is taken
+        only while ``parent`` holds its current epoch, in the same transaction, and only
+        if the child's lease has lapsed or the child is held through its parent (by an
+        older, now fenced, holder of the parent); a child a worker claimed on its own
+        is left to that worker.
+
+        Returns:
+            The run as taken; the run unchanged if it has finished; None if it is
+            live and held by another worker.
+
+        Raises:
+            RunNotFoundError: no such run.
+            LeaseLostError: ``parent`` was taken over; nothing was written.
+        """
+
+    @abstractmethod
+    def claim(self, owner: str, lease: float, limit: int, workflows: Iterable[tuple[str, int]]) -> list[Run]:
+        """Claim up to ``limit`` runnable runs (due, lease lapsed) of the given (workflow, version) pairs."""
+
+    @abstractmethod
+    def heartbeat(self, run_id: str, epoch: int, lease: float) -> bool:
+        """Extend a lease; False when the epoch is stale (the run was taken over)."""
+
+    @abstractmethod
+    def fenced(self, run: Run) -> AbstractContextManager[RunWrite]:
+        """A write transaction of ``run`` that goes through only while ``run.epoch`` is current.
+
+        Raises:
+            LeaseLostError: another worker took the run over; nothing was written.
+        """
+
+    # --- journal and ledger ---------------------------------------------------------------
+
+    @abstractmethod
+    def journal(self, run_id: str, start: int, size: int) -> list[StepRecord]:
+        """Journal entries ``start <= seq < start + size`` of a run, in order."""
+
+    @abstractmethod
+    def tool_calls(self, run_id: str) -> list[LedgerEntry]:
+        """Every ledger entry of a run, in order."""
+
+    @abstractmethod
+    def tool_call(self, run_id: str, seq: int) -> LedgerEntry | None:
+        """The ledger entry at a journal position, or None."""
+
+    def steps(self, run_id: str) -> list[StepRecord]:
+        """Every journal entry of a run, in order."""
+        return self.journal(run_id, 1, MAX_SEQ)
+
+    # --- approvals and events -------------------------------------------------------------
+
+    @abstractmethod
+    def approvals(
+        self,
+        *,
+        status: str | None = "pending",
+        run_id: str | None = None,
+        kind: str | None = None,
+        action: str | None = None,
+    ) -> list[Approval]:
+        """Approvals filtered by status (``pending`` by default; None for all), run, kind or action."""
+
+    @abstractmethod
+    def approval(self, approval_id: str) -> Approval:
+        """One approval by id.
+
+        Raises:
+            ApprovalNotFoundError: no such approval.
+        """
+
+    @abstractmethod
+    def approval_at(self, run_id: str, seq: int, kind: str) -> Approval | None:
+        """The latest approval of ``kind`` a run opened at a journal position, if any."""
+
+    @abstractmethod
+    def decide(
+        self, approval_id: str, *, approve: bool, by: str, comment: str | None = None, result: Any = None
+    ) -> Approval:
+        """Record a person's decision, once, and make the run runnable again."""
+
+    @abstractmethod
+    def send_event(self, run_id: str, name: str, payload: Any = None) -> None:
+        """Deliver a named event to a run: woken if it waits for it, kept until it does otherwise."""
+
+    # --- retention ------------------------------------------------------------------------
+
+    @abstractmethod
+    def purgeable(
+        self,
+        *,
+        older_than: timedelta | None = None,
+        keep_last: int | None = None,
+        workflow: str | None = None,
+    ) -> list[str]:
+        """The ids :meth:`purge` would delete, without deleting anything."""
+
+    @abstractmethod
+    def delete_runs(self, run_ids: list[str]) -> int:
+        """Delete these finished runs with their journal, ledger, approvals and events; live ones are kept."""
+
+    def purge(
+        self,
+        *,
+        older_than: timedelta | None = None,
+        keep_last: int | None = None,
+        workflow: str | None = None,
+    ) -> int:
+        """Retention: delete finished runs older than an age, or beyond the last N per workflow.
+
+        Live runs (anything not completed, failed or cancelled) are never touched.
+        Returns the number of runs deleted. This deletes the workflow store's rows
+        only; :meth:`Engine.purge <statekeep.workflow.Engine.purge>` also deletes
+        the runs' working state.
+        """
+        return self.delete_runs(self.purgeable(older_than=older_than, keep_last=keep_last, workflow=workflow))
+
+    def close(self) -> None:  # noqa: B027 - a backend without resources has nothing to release
+        """Release connections; the store must not be used afterwards."""
+
+
+__all__ = [
+    "APPROVAL_STATUSES",
+    "LIVE",
+    "MAX_SEQ",
+    "RunWrite",
+    "StagedState",
+    "WorkflowStore",
+    "now",
+    "statuses",
+]

@@ -1,0 +1,445 @@
+"""The SQL backend of the workflow store (SQLite and PostgreSQL).
+
+Every write a worker makes goes through :meth:`SQLWorkflowStore.fenced`, which
+bumps the run row only if the worker's lease epoch is still current: a worker
+whose lease was taken over can read, but never advance the run. Events sent to
+a live run that is not (yet) waiting for them are kept in its mailbox until it
+waits; events to a finished or unknown run are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from statekeep._numbers import check_duration, check_int
+from statekeep._text import check_id, check_storable
+from statekeep.db import Database
+from statekeep.errors import (
+    ApprovalDecidedError,
+    ApprovalExpiredError,
+    ApprovalNotFoundError,
+    InvalidInputError,
+    RunConflictError,
+    RunFinishedError,
+    RunNotFoundError,
+)
+from statekeep.workflow import codec
+from statekeep.workflow._types import FINISHED, Approval, LedgerEntry, Run, RunStatus, StepRecord
+from statekeep.workflow.base import APPROVAL_STATUSES, LIVE, MAX_SEQ, WorkflowStore, now, statuses
+from statekeep.workflow.sql_tx import (
+    SQLRunWrite,
+    approval_record,
+    fence,
+    finish_values,
+    ledger_entry,
+    run_record,
+    step_record,
+    wake,
+    withdraw_approvals,
+)
+from statekeep.workflow.tables import approvals, events, runs, setup, steps, tool_calls
+from statekeep.working.base import check_run_id
+
+_LIVE = [s.value for s in LIVE]
+_WAITS_ON_PERSON = [RunStatus.WAITING_FOR_APPROVAL, RunStatus.NEEDS_DECISION]
+
+
+class SQLWorkflowStore(WorkflowStore):
+    """The workflow store in SQLite or PostgreSQL.
+
+    Construct it from a :class:`~statekeep.db.Database` (to share transactions with
+    the working-state store) or a URL.
+
+    Examples:
+        >>> store = SQLWorkflowStore("sqlite:///:memory:")
+        >>> store.find("nope") is None
+        True
+    """
+
+    def __init__(self, db: Database | str) -> None:
+        self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_WORKFLOW_URL")
+        setup(self.db)
+
+    def close(self) -> None:
+        self.db.dispose()
+
+    # --- runs -----------------------------------------------------------------------------
+
+    def open_run(self, run: dict[str, Any], *, parent: Run | None = None) -> Run:
+        stamp = now()
+        row = {**run, "created_at": stamp, "updated_at": stamp, "epoch": 0, "last_seq": 0}
+        with self.db.begin() as conn:
+            if parent is not None:
+                fence(conn, parent.run_id, parent.epoch)
+            conn.execute(self.db.dialect.insert(runs).values(row).on_conflict_do_nothing())
+            stored = _get(conn, run["run_id"])
+        if stored.workflow != run["workflow"]:
+            raise RunConflictError(
+                stored.run_id, f"belongs to workflow {stored.workflow!r}, not {run['workflow']!r}"
+            )
+        if codec.digest(stored.input) != run["input_hash"]:
+            raise RunConflictError(stored.run_id, "was started with another input")
+        return stored
+
+    def find(self, run_id: str) -> Run | None:
+        check_run_id(run_id)
+        with self.db.read() as conn:
+            row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).mappings().first()
+        return None if row is None else run_record(row)
+
+    def list_runs(
+        self,
+        *,
+        status: RunStatus | str | Iterable[RunStatus | str] | None = None,
+        workflow: str | None = None,
+        parent_id: str | None = None,
+        limit: int = 1000,
+    ) -> list[Run]:
+        q = (
+            sa.select(runs)
+            .order_by(runs.c.created_at, runs.c.run_id)
+            .limit(check_int(limit, "limit", minimum=1))
+        )
+        if status is not None:
+            q = q.where(runs.c.status.in_([s.value for s in statuses(status)]))
+        if workflow is not None:
+            q = q.where(runs.c.workflow == check_id(workflow, "workflow"))
+        if parent_id is not None:
+            q = q.where(runs.c.parent_id == check_id(parent_id, "parent_id"))
+        with self.db.read() as conn:
+            return [run_record(r) for r in conn.execute(q).mappings()]
+
+    def cancel(self, run_id: str) -> Run:
+        check_run_id(run_id)
+        with self.db.begin() as conn:
+            run = _get(conn, run_id)
+            if run.status.finished:
+                raise RunFinishedError(run_id, run.status, "cancel it")
+            conn.execute(
+                runs.update()
+                .where(runs.c.run_id == run_id)
+                .values({**finish_values(RunStatus.CANCELLED, None, "cancelled"), "epoch": runs.c.epoch + 1})
+            )
+            withdraw_approvals(conn, run_id)
+            return _get(conn, run_id)
+
+    # --- leases ---------------------------------------------------------------------------
+
+    def acquire(self, run_id: str, owner: str, lease: float, *, parent: Run | None = None) -> Run | None:
+        stamp = now()
+        take = runs.update().where(runs.c.run_id == run_id, runs.c.status.in_(_LIVE))
+        if parent is not None:  # only a lapsed lease, or one held through the parent
+            take = take.where(
+                sa.or_(
+                    runs.c.lease_expires_at.is_(None),
+                    runs.c.lease_expires_at < stamp,
+                    runs.c.lease_parent_epoch.is_not(None),
+                )
+            )
+        via = None if parent is None else parent.epoch
+        values = {**_lease_values(owner, lease, stamp), "lease_parent_epoch": via}
+        with self.db.begin() as conn:
+            if parent is not None:
+                fence(conn, parent.run_id, parent.epoch)  # first: it locks the parent row
+            taken = conn.execute(take.values(values)).rowcount == 1
+            run = _get(conn, run_id)
+        return run if taken or run.status.finished else None
+
+    def claim(self, owner: str, lease: float, limit: int, workflows: Iterable[tuple[str, int]]) -> list[Run]:
+        pairs = [sa.and_(runs.c.workflow == n, runs.c.version == v) for n, v in workflows]
+        if not pairs:
+            return []
+        stamp = now()
+        q = (
+            sa.select(runs.c.run_id)
+            .where(
+                runs.c.runnable_at <= stamp,
+                sa.or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at < stamp),
+                runs.c.status.in_(_LIVE),
+                sa.or_(*pairs),
+            )
+            .order_by(runs.c.runnable_at)
+            .limit(limit)
+        )
+        with self.db.begin() as conn:
+            ids = list(conn.execute(self.db.dialect.claim(q)).scalars())
+            if not ids:
+                return []
+            conn.execute(
+                runs.update()
+                .where(runs.c.run_id.in_(ids))
+                .values({**_lease_values(owner, lease, stamp), "lease_parent_epoch": None})
+            )
+            rows = conn.execute(sa.select(runs).where(runs.c.run_id.in_(ids))).mappings()
+            return [run_record(r) for r in rows]
+
+    def heartbeat(self, run_id: str, epoch: int, lease: float) -> bool:
+        with self.db.begin() as conn:
+            q = (
+                runs.update()
+                .where(runs.c.run_id == run_id, runs.c.epoch == epoch)
+                .values(lease_expires_at=now() + timedelta(seconds=lease))
+            )
+            return bool(conn.execute(q).rowcount == 1)
+
+    @contextmanager
+    def fenced(self, run: Run) -> Iterator[SQLRunWrite]:
+        with self.db.begin() as conn:
+            fence(conn, run.run_id, run.epoch)
+            yield SQLRunWrite(run, conn, self.db)
+
+    # --- journal and ledger ---------------------------------------------------------------
+
+    def journal(self, run_id: str, start: int, size: int) -> list[StepRecord]:
+        check_run_id(run_id)
+        check_int(start, "start", maximum=MAX_SEQ)
+        check_int(size, "size", maximum=MAX_SEQ)
+        last = min(start + size - 1, MAX_SEQ)  # bound inside the 32-bit column's range
+        q = (
+            sa.select(steps)
+            .where(steps.c.run_id == run_id, steps.c.seq >= start, steps.c.seq <= last)
+            .order_by(steps.c.seq)
+        )
+        with self.db.read() as conn:
+            return [step_record(r) for r in conn.execute(q).mappings()]
+
+    def tool_calls(self, run_id: str) -> list[LedgerEntry]:
+        check_run_id(run_id)
+        q = sa.select(tool_calls).where(tool_calls.c.run_id == run_id).order_by(tool_calls.c.seq)
+        with self.db.read() as conn:
+            return [ledger_entry(r) for r in conn.execute(q).mappings()]
+
+    def tool_call(self, run_id: str, seq: int) -> LedgerEntry | None:
+        check_run_id(run_id)
+        check_int(seq, "seq", maximum=MAX_SEQ)
+        q = sa.select(tool_calls).where(tool_calls.c.run_id == run_id, tool_calls.c.seq == seq)
+        with self.db.read() as conn:
+            row = conn.execute(q).mappings().first()
+        return None if row is None else ledger_entry(row)
+
+    # --- approvals and events -------------------------------------------------------------
+
+    def approvals(
+        self,
+        *,
+        status: str | None = "pending",
+        run_id: str | None = None,
+        kind: str | None = None,
+        action: str | None = None,
+    ) -> list[Approval]:
+        """Approvals filtered by status (``pending`` by default; None for all), run, kind or action.
+
+        Raises:
+            InvalidInputError: a filter that is not a storable, non-empty string.
+        """
+        if status is not None and status not in APPROVAL_STATUSES:
+            raise InvalidInputError(f"must be one of {APPROVAL_STATUSES} or None", field="status")
+        if kind is not None and kind not in ("gate", "ambiguous"):
+            raise InvalidInputError("must be 'gate', 'ambiguous' or None", field="kind")
+        q = sa.select(approvals).order_by(approvals.c.created_at)
+        filters = {"status": status, "run_id": run_id, "kind": kind, "action": action}
+        for column, value in filters.items():
+            if value is not None:
+                q = q.where(approvals.c[column] == check_id(value, column))
+        with self.db.read() as conn:
+            return [approval_record(r) for r in conn.execute(q).mappings()]
+
+    def approval(self, approval_id: str) -> Approval:
+        """One approval by id.
+
+        Raises:
+            InvalidInputError: ``approval_id`` is not an id.
+            ApprovalNotFoundError: no such approval.
+        """
+        check_id(approval_id, "approval_id")
+        with self.db.read() as conn:
+            return _approval(conn, approval_id)
+
+    def approval_at(self, run_id: str, seq: int, kind: str) -> Approval | None:
+        q = sa.select(approvals).where(
+            approvals.c.run_id == run_id, approvals.c.seq == seq, approvals.c.kind == kind
+        )
+        with self.db.read() as conn:
+            row = conn.execute(q.order_by(approvals.c.created_at.desc())).mappings().first()
+        return None if row is None else approval_record(row)
+
+    def decide(
+        self, approval_id: str, *, approve: bool, by: str, comment: str | None = None, result: Any = None
+    ) -> Approval:
+        """Record a person's decision, once, and make the run runnable again.
+
+        For an ``ambiguous`` tool call, approve means "it did not happen: run it";
+        reject means "it happened", and ``result`` becomes the call's output.
+
+        Raises:
+            InvalidInputError: a bad id, ``by`` empty, ``approve`` not a bool, ``comment``
+                not storable text, or ``result`` not JSON; nothing was written.
+            ApprovalNotFoundError: no such approval.
+            ApprovalDecidedError: the approval was already decided or withdrawn.
+            ApprovalExpiredError: the approval expired (now or before); it is recorded as
+                expired and fails closed.
+        """
+        encoded = _check_decision(approval_id, approve, by, comment, result)
+        with self.db.begin() as conn:
+            current = _approval(conn, approval_id)
+            expired = current.expires_at is not None and current.expires_at <= now()
+            status = "expired" if expired else ("approved" if approve else "rejected")
+            values: dict[str, Any] = {"status": status, "decided_at": now()}
+            if not expired:
+                values.update(decided_by=by, comment=comment, result=encoded)
+            q = approvals.update().where(
+                approvals.c.approval_id == approval_id, approvals.c.status == "pending"
+            )
+            if conn.execute(q.values(values)).rowcount != 1:
+                if current.status == "expired":  # by an earlier attempt, or a worker's resume
+                    raise ApprovalExpiredError(approval_id, current.action, "expired before a decision")
+                raise ApprovalDecidedError(approval_id, current.status)
+            wake(conn, current.run_id, _WAITS_ON_PERSON)
+            decided = _approval(conn, approval_id)
+        if expired:
+            raise ApprovalExpiredError(approval_id, current.action, "expired before a decision")
+        return decided
+
+    def send_event(self, run_id: str, name: str, payload: Any = None) -> None:
+        """Deliver a named event to a run: woken if it waits for it, kept until it does otherwise.
+
+        Raises:
+            InvalidInputError: empty name or non-JSON payload; nothing was written.
+            RunNotFoundError: no such run.
+            RunFinishedError: the run has finished; the event is refused.
+        """
+        check_run_id(run_id)
+        check_id(name, "name")
+        try:
+            text = codec.to_json(payload)
+        except codec.NotJSONError as exc:
+            raise InvalidInputError(str(exc), field="payload") from exc
+        with self.db.begin() as conn:
+            # lock the run row first, so a run suspending right now sees the event or is woken
+            row = conn.execute(
+                runs.update().where(runs.c.run_id == run_id).values(updated_at=now()).returning(runs.c.status)
+            ).first()
+            if row is None:
+                raise RunNotFoundError(run_id)
+            if RunStatus(row[0]) in FINISHED:
+                raise RunFinishedError(run_id, row[0], f"receive event {name!r}")
+            conn.execute(events.insert().values(run_id=run_id, name=name, payload=text, created_at=now()))
+            _wake_waiter(conn, run_id, name)
+
+    # --- retention ------------------------------------------------------------------------
+
+    def purgeable(
+        self,
+        *,
+        older_than: timedelta | None = None,
+        keep_last: int | None = None,
+        workflow: str | None = None,
+    ) -> list[str]:
+        if older_than is None and keep_last is None:
+            raise InvalidInputError("give older_than, keep_last, or both", field="older_than")
+        if older_than is not None:
+            check_duration(older_than, "older_than", positive=False)
+        if keep_last is not None:
+            check_int(keep_last, "keep_last")
+        if workflow is not None:
+            check_id(workflow, "workflow")
+        with self.db.read() as conn:
+            return _purgeable(conn, older_than, keep_last, workflow)
+
+    def delete_runs(self, run_ids: list[str]) -> int:
+        if not isinstance(run_ids, list | tuple):
+            raise InvalidInputError("must be a list of run ids", field="run_ids")
+        for run_id in run_ids:
+            check_run_id(run_id)
+        finished = [s.value for s in FINISHED]
+        deleted = 0
+        with self.db.begin() as conn:
+            for start in range(0, len(run_ids), 500):
+                q = sa.select(runs.c.run_id).where(
+                    runs.c.run_id.in_(run_ids[start : start + 500]), runs.c.status.in_(finished)
+                )
+                chunk = list(conn.execute(q).scalars())
+                for table in (steps, tool_calls, approvals, events, runs):
+                    conn.execute(table.delete().where(table.c.run_id.in_(chunk)))
+                deleted += len(chunk)
+        return deleted
+
+
+def _get(conn: Connection, run_id: str) -> Run:
+    row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).mappings().first()
+    if row is None:
+        raise RunNotFoundError(run_id)
+    return run_record(row)
+
+
+def _approval(conn: Connection, approval_id: str) -> Approval:
+    row = conn.execute(sa.select(approvals).where(approvals.c.approval_id == approval_id)).mappings().first()
+    if row is None:
+        raise ApprovalNotFoundError(approval_id)
+    return approval_record(row)
+
+
+def _check_decision(approval_id: str, approve: bool, by: str, comment: str | None, result: Any) -> str:
+    """Validate a decision before any query; return the encoded result."""
+    check_id(approval_id, "approval_id")
+    if not isinstance(by, str) or not by.strip():
+        raise InvalidInputError("must name who decides", field="by")
+    check_id(by, "by")
+    if not isinstance(approve, bool):
+        raise InvalidInputError("must be True or False", field="approve")
+    if comment is not None:
+        if not isinstance(comment, str):
+            raise InvalidInputError("must be a string or None", field="comment")
+        check_storable(comment, "comment")
+    try:
+        return codec.to_json(result)
+    except codec.NotJSONError as exc:
+        raise InvalidInputError(str(exc), field="result") from exc
+
+
+def _wake_waiter(conn: Connection, run_id: str, name: str) -> None:
+    row = conn.execute(sa.select(runs.c.status, runs.c.waiting).where(runs.c.run_id == run_id)).first()
+    if row is None or row.status != RunStatus.WAITING_FOR_EVENT.value:
+        return
+    waiting = codec.loads(row.waiting or "{}")
+    if waiting.get("event") == name:
+        wake(conn, run_id, [RunStatus.WAITING_FOR_EVENT])
+
+
+def _purgeable(
+    conn: Connection, older_than: timedelta | None, keep_last: int | None, workflow: str | None
+) -> list[str]:
+    finished = [s.value for s in FINISHED]
+    q = sa.select(runs.c.run_id, runs.c.workflow, runs.c.finished_at).where(runs.c.status.in_(finished))
+    if workflow is not None:
+        q = q.where(runs.c.workflow == workflow)
+    rows = list(conn.execute(q.order_by(runs.c.finished_at.desc(), runs.c.run_id)))
+    doomed: set[str] = set()
+    if older_than is not None:
+        cutoff = now() - older_than
+        doomed |= {r.run_id for r in rows if r.finished_at < cutoff}
+    if keep_last is not None:
+        seen: dict[str, int] = {}
+        for r in rows:
+            seen[r.workflow] = seen.get(r.workflow, 0) + 1
+            if seen[r.workflow] > keep_last:
+                doomed.add(r.run_id)
+    return sorted(doomed)
+
+
+def _lease_values(owner: str, lease: float, stamp: datetime) -> dict[str, Any]:
+    # runnable_at stays set while running, so that the run is claimable once the lease lapses
+    return {
+        "status": RunStatus.RUNNING.value,
+        "epoch": runs.c.epoch + 1,
+        "lease_owner": owner,
+        "lease_expires_at": stamp + timedelta(seconds=lease),
+        "runnable_at": stamp,
+        "updated_at": stamp,
+    }

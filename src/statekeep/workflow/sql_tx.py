@@ -1,0 +1,282 @@
+"""The SQL side of a fenced write, and the mapping of rows onto records.
+
+:class:`SQLRunWrite` is the :class:`~statekeep.workflow.base.RunWrite` of SQLite
+and PostgreSQL: one connection inside one transaction that
+:meth:`SQLWorkflowStore.fenced <statekeep.workflow.SQLWorkflowStore.fenced>`
+opened after bumping the run row under the worker's epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, RowMapping
+
+from statekeep.db import Database
+from statekeep.db.types import UTCDateTime
+from statekeep.errors import LeaseLostError
+from statekeep.workflow import codec
+from statekeep.workflow._types import Approval, LedgerEntry, Run, RunStatus, StepRecord
+from statekeep.workflow.base import RunWrite, StagedState, now
+from statekeep.workflow.tables import approvals, events, runs, steps, tool_calls
+from statekeep.working import WorkingStateStore
+from statekeep.working import sql as working_sql
+
+# hot statements are built once; values travel as bind parameters (no per-call compilation)
+FENCE = (
+    runs.update()
+    .where(runs.c.run_id == sa.bindparam("rid"), runs.c.epoch == sa.bindparam("ep"))
+    .values(updated_at=sa.bindparam("now", type_=UTCDateTime))
+)
+_INSERT_STEP = steps.insert()
+_CHECKPOINT = (
+    runs.update()
+    .where(runs.c.run_id == sa.bindparam("rid"), runs.c.epoch == sa.bindparam("ep"))
+    .values(
+        last_seq=sa.bindparam("seq", type_=sa.Integer),
+        state_version=sa.func.coalesce(sa.bindparam("sv", type_=sa.Integer), runs.c.state_version),
+        cursor=sa.func.coalesce(sa.bindparam("cur", type_=sa.BigInteger), runs.c.cursor),
+        updated_at=sa.bindparam("now", type_=UTCDateTime),
+    )
+)
+
+
+def fence(conn: Connection, run_id: str, epoch: int) -> None:
+    """Bump the run row under ``epoch`` (locking it), or raise: the holder was taken over.
+
+    Raises:
+        LeaseLostError: ``epoch`` is not the run's current one.
+    """
+    if conn.execute(FENCE, {"rid": run_id, "ep": epoch, "now": now()}).rowcount != 1:
+        raise LeaseLostError(run_id, epoch)
+
+
+class SQLRunWrite(RunWrite):
+    """A fenced transaction of one run over a SQLAlchemy connection."""
+
+    def __init__(self, run: Run, conn: Connection, db: Database) -> None:
+        super().__init__(run)
+        self.conn, self.db = conn, db
+
+    @property
+    def _rid(self) -> str:
+        return self.run.run_id
+
+    def record_step(self, step: StepRecord) -> None:
+        params = {"rid": step.run_id, "ep": self.run.epoch, "seq": step.seq, "sv": step.state_version}
+        # the fence again, with the checkpoint: a stale worker hears "lease lost", never a key clash
+        if (
+            self.conn.execute(_CHECKPOINT, {**params, "cur": step.cursor, "now": step.finished_at}).rowcount
+            != 1
+        ):
+            raise LeaseLostError(step.run_id, self.run.epoch)
+        self.conn.execute(_INSERT_STEP, {k: getattr(step, k) for k in StepRecord.__slots__})
+
+    def save_state(self, states: WorkingStateStore, staged: StagedState, latest: int | None) -> int:
+        if not (isinstance(states, working_sql.SQLWorkingStateStore) and states.db is self.db):
+            return super().save_state(states, staged, latest)
+        _, record = staged  # same database: the version commits in this transaction
+        if latest is None:
+            return working_sql.append(self.conn, record, None).version
+        return working_sql.append_after(self.conn, record, latest)
+
+    def replace_journal(self, journal: list[StepRecord], version: int) -> None:
+        self.conn.execute(steps.delete().where(steps.c.run_id == self._rid))
+        for step in journal:
+            self.conn.execute(steps.insert().values({k: getattr(step, k) for k in step.__slots__}))
+        last = max((s.seq for s in journal), default=0)
+        self.conn.execute(
+            runs.update().where(runs.c.run_id == self._rid).values(version=version, last_seq=last)
+        )
+
+    def start_call(self, seq: int, tool: str, key: str, args: str) -> None:
+        self.conn.execute(
+            tool_calls.insert().values(
+                run_id=self._rid, seq=seq, tool=tool, key=key, args=args, status="started", started_at=now()
+            )
+        )
+
+    def _call(self, seq: int) -> sa.Update:
+        return tool_calls.update().where(tool_calls.c.run_id == self._rid, tool_calls.c.seq == seq)
+
+    def restart_call(self, seq: int) -> None:
+        self.conn.execute(self._call(seq).values(status="started", started_at=now()))
+
+    def drop_call(self, seq: int) -> None:
+        self.conn.execute(
+            tool_calls.delete().where(tool_calls.c.run_id == self._rid, tool_calls.c.seq == seq)
+        )
+
+    def complete_call(self, seq: int, result: str) -> None:
+        self.conn.execute(self._call(seq).values(status="completed", result=result, completed_at=now()))
+
+    def open_approval(self, fields: dict[str, Any], expires_at: datetime | None) -> str:
+        approval_id = uuid.uuid4().hex
+        self.conn.execute(
+            approvals.insert().values(
+                approval_id=approval_id,
+                run_id=self._rid,
+                status="pending",
+                created_at=now(),
+                expires_at=expires_at,
+                **fields,
+            )
+        )
+        return approval_id
+
+    def approval_pending(self, approval_id: str) -> bool:
+        # FOR SHARE: a decision being written right now is waited for and then seen (READ
+        # COMMITTED would read the old row, and the decider's wake finds the run still running)
+        q = sa.select(approvals.c.status).where(approvals.c.approval_id == approval_id)
+        return bool(self.conn.execute(q.with_for_update(read=True)).scalar_one() == "pending")
+
+    def expire_approval(self, approval_id: str) -> None:
+        q = approvals.update().where(approvals.c.approval_id == approval_id, approvals.c.status == "pending")
+        self.conn.execute(q.values(status="expired", decided_at=now()))
+
+    def take_event(self, name: str, seq: int) -> tuple[bool, Any]:
+        q = (
+            sa.select(events.c.id, events.c.payload)
+            .where(events.c.run_id == self._rid, events.c.name == name, events.c.consumed_seq.is_(None))
+            .order_by(events.c.id)
+            .limit(1)
+        )
+        row = self.conn.execute(q).first()
+        if row is None:
+            return False, None
+        self.conn.execute(events.update().where(events.c.id == row.id).values(consumed_seq=seq))
+        return True, codec.loads(row.payload)
+
+    def suspend(self, status: RunStatus, wake_at: datetime | None, waiting: dict[str, Any]) -> None:
+        park(self.conn, self._rid, status, wake_at, json.dumps(waiting))
+
+    def wake(self, waiting: Iterable[RunStatus]) -> bool:
+        return wake(self.conn, self._rid, waiting)
+
+    def finish(self, status: RunStatus, output: str | None, error: str | None) -> None:
+        self.conn.execute(
+            runs.update().where(runs.c.run_id == self._rid).values(finish_values(status, output, error))
+        )
+        withdraw_approvals(self.conn, self._rid)
+        if self.run.parent_id is not None:
+            wake(self.conn, self.run.parent_id, [RunStatus.WAITING_FOR_CHILD])
+
+    def child_finished(self, child_id: str) -> bool:
+        # FOR SHARE, for the same reason: a child finishing right now is waited for, then seen
+        q = sa.select(runs.c.status).where(runs.c.run_id == child_id).with_for_update(read=True)
+        return RunStatus(self.conn.execute(q).scalar_one()).finished
+
+
+# --- statements shared with the store's own transactions ------------------------------------
+
+
+def park(conn: Connection, run_id: str, status: RunStatus, wake_at: datetime | None, waiting: str) -> None:
+    """Park a run in a waiting state and release its lease."""
+    conn.execute(
+        runs.update()
+        .where(runs.c.run_id == run_id)
+        .values(
+            status=status.value, runnable_at=wake_at, waiting=waiting, lease_owner=None, lease_expires_at=None
+        )
+    )
+
+
+def wake(conn: Connection, run_id: str, waiting: Iterable[RunStatus]) -> bool:
+    """Make a run runnable now if it is in one of the ``waiting`` states."""
+    q = (
+        runs.update()
+        .where(runs.c.run_id == run_id, runs.c.status.in_([s.value for s in waiting]))
+        .values(status=RunStatus.PENDING.value, runnable_at=now(), updated_at=now())
+    )
+    return bool(conn.execute(q).rowcount == 1)
+
+
+def withdraw_approvals(conn: Connection, run_id: str) -> None:
+    """A run that ended asks nobody anything: its pending approvals become ``withdrawn``.
+
+    They leave the queue people work from, and a late decision is refused.
+    """
+    q = approvals.update().where(approvals.c.run_id == run_id, approvals.c.status == "pending")
+    conn.execute(q.values(status="withdrawn", decided_at=now()))
+
+
+def finish_values(status: RunStatus, output: str | None, error: str | None) -> dict[str, Any]:
+    """The columns of a run that ends with ``status``."""
+    stamp = now()
+    return {
+        "status": status.value,
+        "output": output,
+        "error": error,
+        "finished_at": stamp,
+        "updated_at": stamp,
+        "runnable_at": None,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "lease_parent_epoch": None,
+        "waiting": None,
+    }
+
+
+# --- rows onto records -----------------------------------------------------------------------
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def run_record(row: RowMapping) -> Run:
+    """Map a ``runs`` row onto a :class:`Run`."""
+    return Run(
+        run_id=row["run_id"],
+        workflow=row["workflow"],
+        version=row["version"],
+        status=RunStatus(row["status"]),
+        input=_loads(row["input"]),
+        output=_loads(row["output"]),
+        error=row["error"],
+        parent_id=row["parent_id"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        finished_at=row["finished_at"],
+        epoch=row["epoch"],
+        lease_owner=row["lease_owner"],
+        state_version=row["state_version"],
+        cursor=row["cursor"],
+        last_seq=row["last_seq"],
+        waiting=_loads(row["waiting"]),
+    )
+
+
+def step_record(row: RowMapping) -> StepRecord:
+    """Map a ``steps`` row onto a :class:`StepRecord`."""
+    return StepRecord(**{k: row[k] for k in StepRecord.__slots__})
+
+
+def ledger_entry(row: RowMapping) -> LedgerEntry:
+    """Map a ``tool_calls`` row onto a :class:`LedgerEntry`."""
+    args = json.loads(row["args"])
+    return LedgerEntry(
+        run_id=row["run_id"],
+        seq=row["seq"],
+        tool=row["tool"],
+        key=row["key"],
+        args=args["args"],
+        kwargs=args["kwargs"],
+        status=row["status"],
+        result=_loads(row["result"]),
+        started_at=row["started_at"],
+        completed_at=row["completed_at"],
+    )
+
+
+def approval_record(row: RowMapping) -> Approval:
+    """Map an ``approvals`` row onto an :class:`Approval`."""
+    values = {k: row[k] for k in Approval.__slots__}
+    values["args"] = json.loads(row["args"])
+    values["result"] = _loads(row["result"])
+    return Approval(**values)

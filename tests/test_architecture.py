@@ -1,0 +1,90 @@
+"""The folder is the architecture: store packages import one way, and never each other's private names.
+
+Imports are read from the source (``ast``); those under ``if TYPE_CHECKING:`` are
+annotations only and are not counted as edges.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "statekeep"
+STORES = ["context", "working", "workflow", "memory"]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(module, names) of each import that runs at import time or call time (not TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join([*parts[: len(parts) - node.level + 1], base]).rstrip(".")
+            found.append((base, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            found.extend((a.name, []) for a in node.names)
+    return found
+
+
+def _modules(store: str) -> dict[str, Path]:
+    return {_module_name(p): p for p in (SRC / store).rglob("*.py")}
+
+
+def test_no_workflow_module_imports_a_private_name_of_another() -> None:
+    """Inside the workflow package, no module reaches into another's private (underscored) names."""
+    offenders = []
+    for name, path in _modules("workflow").items():
+        for module, names in _runtime_imports(path):
+            if module.startswith("statekeep") and module != name:
+                offenders += [f"{name} imports {module}.{n}" for n in names if n.startswith("_")]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_no_import_cycle_inside_a_store(store: str) -> None:
+    """The import graph of each store package (module level and deferred imports alike) has no cycle."""
+    modules = _modules(store)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for module, names in _runtime_imports(path):
+            targets = {module} | {f"{module}.{n}" for n in names}
+            graph[name] |= {t for t in targets if t in modules and t != name and not name.startswith(t + ".")}
+    # a package's __init__ re-exports its modules; edges into it from its own modules are cycles too
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                raise AssertionError(" -> ".join([*trail, node, nxt]))
+            if nxt not in state:
+                visit(nxt, [*trail, node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+
+
+def test_the_workflow_package_writes_sql_only_in_its_sql_backend() -> None:
+    """Engine, run context, ledger and waits never import SQLAlchemy: they go through the contract."""
+    for module in ("engine", "run_context", "execution", "tools", "waits", "worker"):
+        imported = {m for m, _ in _runtime_imports(SRC / "workflow" / f"{module}.py")}
+        assert not any(m.startswith("sqlalchemy") for m in imported), module

@@ -1,0 +1,124 @@
+"""A stale worker is fenced everywhere, taking a child run included.
+
+Creating and taking a child are conditional on holding the parent's current
+epoch, in the same transaction; a parent's holder takes a child only when the
+child's lease lapsed or the child is held through the parent. The tests with
+real, stopped processes are in ``test_child_fencing.py``; these drive the store
+and the engine in one process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from statekeep.errors import LeaseLostError
+from statekeep.workflow import Registry, RunContext, RunStatus, Worker
+
+from .conftest import EngineFactory
+
+
+def family(effects: list[str]) -> Registry:
+    registry = Registry()
+
+    @registry.tool("charge")
+    def charge(key: str) -> str:
+        effects.append(key)
+        return key
+
+    @registry.workflow("kid", version=1)
+    def kid(ctx: RunContext) -> str:
+        return str(ctx.call_tool(charge))
+
+    @registry.workflow("parent", version=1)
+    def parent(ctx: RunContext) -> str:
+        ctx.step("before", lambda: None)
+        return "got " + str(ctx.child(kid, "kid-1"))
+
+    return registry
+
+
+def _child_fields() -> dict[str, Any]:
+    return {
+        "run_id": "kid-1",
+        "workflow": "kid",
+        "version": 1,
+        "input": '{"args":[],"kwargs":{}}',
+        "input_hash": _hash({"args": [], "kwargs": {}}),
+        "status": RunStatus.PENDING.value,
+        "runnable_at": None,
+        "parent_id": "p",
+        "state_schema": None,
+        "state_schema_version": None,
+    }
+
+
+def _hash(value: Any) -> str:
+    from statekeep.workflow import codec
+
+    return codec.digest(value)
+
+
+def test_a_stale_parent_holder_can_neither_create_nor_take_its_child(make_engine: EngineFactory) -> None:
+    """Once the parent is taken over, its old holder's open_run and acquire of the child write nothing."""
+    engine = make_engine(family([]))
+    engine.start(engine.registry.get("parent", 1), "p")
+    stale = engine.store.acquire("p", "worker-a", 30)
+    assert stale is not None
+    live = engine.store.acquire("p", "worker-b", 30)
+    assert live is not None
+    assert live.epoch == stale.epoch + 1
+    with pytest.raises(LeaseLostError):
+        engine.store.open_run(_child_fields(), parent=stale)
+    assert engine.store.find("kid-1") is None
+    engine.store.open_run(_child_fields(), parent=live)
+    with pytest.raises(LeaseLostError):
+        engine.store.acquire("kid-1", "worker-a", 30, parent=stale)
+    assert engine.store.get("kid-1").epoch == 0  # untouched by the stale holder
+    taken = engine.store.acquire("kid-1", "worker-b", 30, parent=live)
+    assert taken is not None
+    assert (taken.epoch, taken.lease_owner) == (1, "worker-b")
+
+
+def test_a_child_held_through_an_older_parent_epoch_is_taken_by_the_current_holder(
+    make_engine: EngineFactory,
+) -> None:
+    """A child taken inline by a holder that has since lost the parent goes to the parent's new holder."""
+    engine = make_engine(family([]))
+    engine.start(engine.registry.get("parent", 1), "p")
+    old = engine.store.acquire("p", "worker-a", 30)
+    assert old is not None
+    engine.store.open_run(_child_fields(), parent=old)
+    held = engine.store.acquire("kid-1", "worker-a", 30, parent=old)
+    assert held is not None
+    new = engine.store.acquire("p", "worker-b", 30)
+    assert new is not None
+    taken = engine.store.acquire("kid-1", "worker-b", 30, parent=new)
+    assert taken is not None
+    assert taken.epoch == held.epoch + 1
+    # the old holder's next write to the child is refused
+    with pytest.raises(LeaseLostError), engine.store.fenced(held) as tx:
+        tx.finish(RunStatus.COMPLETED, '"stale"', None)
+    assert engine.store.get("kid-1").status is RunStatus.RUNNING
+
+
+def test_a_child_a_worker_claimed_is_left_to_it_and_the_parent_waits(make_engine: EngineFactory) -> None:
+    """A parent resumed inline does not override a worker's live claim on its child; it waits, then ends."""
+    effects: list[str] = []
+    engine = make_engine(family(effects))
+    engine.start(engine.registry.get("parent", 1), "p")
+    parent = engine.store.acquire("p", "worker-a", 30)
+    assert parent is not None
+    engine.store.open_run({**_child_fields(), "runnable_at": parent.updated_at}, parent=parent)
+    [claimed] = engine.store.claim("worker-w", 30, 1, [("kid", 1)])
+    assert claimed.run_id == "kid-1"
+    assert engine.store.acquire("kid-1", "worker-a", 30, parent=parent) is None
+    assert engine.store.get("kid-1").epoch == claimed.epoch  # not bumped
+    resumed = engine.resume("p")  # the parent replays up to ctx.child, then waits
+    assert resumed.status is RunStatus.WAITING_FOR_CHILD
+    assert engine.execute(claimed).status is RunStatus.COMPLETED  # the worker finishes the child
+    assert engine.store.get("p").status is RunStatus.PENDING  # woken
+    assert Worker(engine).run_once() == 1
+    assert engine.store.get("p").output == "got kid-1/1/0"
+    assert effects == ["kid-1/1/0"]
