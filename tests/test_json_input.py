@@ -155,7 +155,7 @@ def test_workflow_entry_points_refuse_deep_or_broken_json(
         assert store.tool_calls(workflow) == []
     assert store.approvals(status=None) == []
     assert not effects.exists()
-    store.db.dispose()
+    store.close()
 
 
 @pytest.mark.xfail(
@@ -177,7 +177,7 @@ def test_an_event_payload_at_the_limit_can_be_waited_for(database_url: str) -> N
         engine.store.send_event("ev", "go", nest(MAX_DEPTH))
         assert engine.resume("ev").output == nest(MAX_DEPTH)
     finally:
-        engine.store.db.dispose()
+        engine.store.close()
 
 
 @pytest.mark.parametrize("bad", [*BAD_VALUES, "acct-\ud800"], ids=[*IDS, "surrogate-string"])
@@ -202,7 +202,7 @@ def test_a_decision_result_is_refused_before_the_decision_is_recorded(
         engine.store.decide(ask.approval_id, approve=False, by="ann", result=bad)
     assert err.value.field == "result"
     assert engine.store.approval(ask.approval_id).status == "pending"
-    engine.store.db.dispose()
+    engine.store.close()
 
 
 @pytest.mark.parametrize("backend", ["memory", "lancedb", "pgvector"])

@@ -87,7 +87,7 @@ def test_approvals_list_shows_stored_arguments_literally(cli, gated: Engine) -> 
     code, out = cli("approvals", "approve", ask.approval_id, "--by", "boss [/] \x1b[8m")
     assert code == 0, out
     assert_literal(out, "boss [/] \x1b[8m")
-    gated.store.db.dispose()
+    gated.store.close()
 
 
 def test_runs_show_list_and_events_print_names_and_errors_literally(cli, settings: Settings) -> None:  # type: ignore[no-untyped-def]
@@ -113,7 +113,7 @@ def test_runs_show_list_and_events_print_names_and_errors_literally(cli, setting
     assert_literal(out, "flow-[b]x[/b]", f"ValueError: boom {CLOSE} {ANSI} {BIDI} {CR}", MARKUP)
     code, out = cli("runs", "events", "run-[red]1[/red]")
     assert_literal(out, "step [/]")
-    engine.store.db.dispose()
+    engine.store.close()
 
 
 def test_memories_are_shown_literally_in_search_and_export(cli) -> None:  # type: ignore[no-untyped-def]

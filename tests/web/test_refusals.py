@@ -23,7 +23,7 @@ from statekeep._json import MAX_DEPTH
 from statekeep.config import Settings
 from statekeep.errors import ConfigError, InvalidInputError
 from statekeep.runtime import Runtime
-from statekeep.workflow import Engine, Registry, RunContext, RunStatus, WorkflowStore
+from statekeep.workflow import Engine, Registry, RunContext, RunStatus, SQLWorkflowStore
 from statekeep.workflow.tables import approvals
 from tests.runtime import agent_app
 from tests.web.test_webhook import ALICE, BOB, TOKENS, auth, refund_registry
@@ -329,7 +329,7 @@ def test_bad_scoped_tokens_are_refused(sqlite_url: str, entry: Any, message: str
     """A scope that is empty, misspelt or not a list would widen or void a token: the app is not built."""
     from statekeep.web import create_app
 
-    store = WorkflowStore(sqlite_url)
+    store = SQLWorkflowStore(sqlite_url)
     with pytest.raises(ConfigError, match=message):
         create_app(store, tokens={**TOKENS, "carol@example.com": entry})
-    store.db.dispose()
+    store.close()
