@@ -11,8 +11,9 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
+from statekeep._json import check_json
 from statekeep._numbers import check_duration
-from statekeep._text import check_storable, check_unicode
+from statekeep._text import check_storable
 from statekeep.errors import InvalidInputError
 from statekeep.memory._types import (
     MEMORY_KINDS,
@@ -101,11 +102,11 @@ def check_metadata(metadata: object) -> dict[str, Any]:
         return {}
     if not isinstance(metadata, Mapping):
         raise InvalidInputError("must be a dict", field="metadata")
+    check_json(metadata, "metadata")  # depth and lone surrogates, before json.dumps can recurse
     try:
         text = json.dumps(dict(metadata), allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"must be JSON: {exc}", field="metadata") from exc
-    check_unicode(text, "metadata")
     again: dict[str, Any] = json.loads(text)
     if again != dict(metadata) or "\\u0000" in text:
         raise InvalidInputError(
