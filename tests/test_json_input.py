@@ -158,11 +158,6 @@ def test_workflow_entry_points_refuse_deep_or_broken_json(
     store.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="waits.wait_for_event wraps the payload one level deeper and must pass "
-    "codec.to_json(..., limit=MAX_DEPTH + 1); waits.py is being restructured",
-)
 def test_an_event_payload_at_the_limit_can_be_waited_for(database_url: str) -> None:
     """send_event takes a payload 64 levels deep; the wait that consumes it must not refuse it."""
     registry = Registry()
