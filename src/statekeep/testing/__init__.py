@@ -21,17 +21,21 @@ import pytest
 # the suites' asserts should explain a failure the way a test module's do
 pytest.register_assert_rewrite(
     "statekeep.testing.context",
+    "statekeep.testing.memory",
     "statekeep.testing.workflow",
     "statekeep.testing.working",
 )
 
 from statekeep.testing.context import ContextStoreFactory, ContextStoreSuite  # noqa: E402
+from statekeep.testing.memory import MemoryStoreFactory, MemoryStoreSuite  # noqa: E402
 from statekeep.testing.workflow import WorkflowStoreFactory, WorkflowStoreSuite  # noqa: E402
 from statekeep.testing.working import WorkingStateStoreFactory, WorkingStateStoreSuite  # noqa: E402
 
 __all__ = [
     "ContextStoreFactory",
     "ContextStoreSuite",
+    "MemoryStoreFactory",
+    "MemoryStoreSuite",
     "WorkflowStoreFactory",
     "WorkflowStoreSuite",
     "WorkingStateStoreFactory",
