@@ -205,6 +205,10 @@ class ContextStoreSuite:
                 store.append(session_id, Message.user("x"))
         with pytest.raises(InvalidInputError):
             store.extend("s", [])
+        with pytest.raises(InvalidInputError):
+            store.append("s", Message.user("x"), key="")
+        with pytest.raises(InvalidInputError):
+            store.find("s", "")
         assert store.last_seq("s") == 0
         assert store.events("s") == []
 
