@@ -29,6 +29,7 @@ from statekeep.errors import (
     EventKeyConflictError,
     EventsPrunedError,
     InvalidInputError,
+    SessionOwnerError,
     SummaryConflictError,
     SummaryError,
     SummaryNotFoundError,
@@ -38,6 +39,7 @@ from statekeep.errors import (
 ContextStoreFactory = Callable[..., ContextStore]
 
 C1 = CharCounter(1)
+_SECRET = Message.user("My PIN is 4711.")
 
 
 class _Failing:
@@ -116,8 +118,8 @@ class ContextStoreSuite:
     ``make_store(**options)`` that returns a store over this test's data (empty
     at the start of each test), passing ``options`` (``counter``,
     ``summarizer``, ``high_water``, ``low_water``) to the store's constructor.
-    Every call within one test must see the sessions that stores from earlier
-    calls wrote, as a second process would.
+    Every call within one test must see the sessions (their events and owners)
+    that stores from earlier calls wrote, as a second process would.
     """
 
     @pytest.fixture
@@ -251,6 +253,107 @@ class ContextStoreSuite:
         for n in range(threads_n):  # a batch's messages got consecutive seqs
             batch = [e.seq for e in events if e.message.content in (f"t{n}-0a", f"t{n}-0b")]
             assert batch[1] == batch[0] + 1
+
+    # --- owners --------------------------------------------------------------------------
+
+    def test_every_entry_point_refuses_another_owners_session_and_writes_nothing(
+        self, store: ContextStore
+    ) -> None:
+        """append, extend, find, events, build and claim naming another owner raise SessionOwnerError."""
+        store.claim("s", "alice")
+        store.append("s", _SECRET, key="k1", owner="alice")
+        before = store.events("s")
+        calls: list[Callable[[], object]] = [
+            lambda: store.append("s", Message.user("What is my PIN?"), owner="bob"),
+            lambda: store.append("s", _SECRET, key="k1", owner="bob"),  # even an idempotent replay
+            lambda: store.extend("s", [Message.user("a"), Message.user("b")], owner="bob"),
+            lambda: store.find("s", "k1", owner="bob"),
+            lambda: store.events("s", owner="bob"),
+            lambda: store.build("s", 4000, owner="bob"),
+            lambda: store.claim("s", "bob"),
+        ]
+        for call in calls:
+            with pytest.raises(SessionOwnerError) as info:
+                call()
+            assert (info.value.session_id, info.value.owner, info.value.actual_owner) == ("s", "bob", "alice")
+        assert store.events("s") == before
+        assert store.owner_of("s") == "alice"
+        assert store.events("s", owner="alice") == before
+        assert [m.content for m in store.build("s", 4000, owner="alice").messages] == [_SECRET.content]
+        assert store.find("s", "k1", owner="alice") == before[0]
+
+    def test_the_first_owned_write_claims_a_session_whose_owner_never_changes(
+        self, make_store: ContextStoreFactory
+    ) -> None:
+        """A session first written (or claimed) by an owner is theirs, for every store opened later."""
+        store = make_store()
+        assert store.owner_of("s") is None
+        store.append("s", _SECRET, owner="alice")
+        store.claim("s", "alice")  # idempotent
+        with pytest.raises(SessionOwnerError):
+            store.claim("s", "bob")
+        store.extend("t", [Message.user("x")], owner="bob")
+        store.claim("empty", "bob")  # a claim alone creates the session, with no events
+        again = make_store()
+        assert (again.owner_of("s"), again.owner_of("t"), again.owner_of("empty")) == ("alice", "bob", "bob")
+        assert again.last_seq("empty") == 0
+        assert (again.sessions_of("bob"), again.sessions_of("alice"), again.sessions_of("carol")) == (
+            ["empty", "t"],
+            ["s"],
+            [],
+        )
+        with pytest.raises(SessionOwnerError):
+            again.append("s", Message.user("What is my PIN?"), owner="bob")
+        assert again.last_seq("s") == 1
+
+    def test_an_unowned_session_is_claimed_by_a_write_and_refused_to_owned_readers(
+        self, store: ContextStore
+    ) -> None:
+        """Without owners nothing is checked; an owned read of an unowned session is refused until claimed."""
+        store.append("s", _SECRET)  # no owner: not checked, not claimed
+        assert store.owner_of("s") is None
+        with pytest.raises(SessionOwnerError) as info:
+            store.build("s", 4000, owner="bob")
+        assert info.value.actual_owner is None
+        assert store.events("never-written", owner="bob") == []  # nothing to read, nothing refused
+        store.append("s", Message.user("again"), owner="alice")  # claims it
+        assert store.owner_of("s") == "alice"
+        store.append("s", Message.user("no owner given: unchecked"))
+        with pytest.raises(SessionOwnerError):
+            store.events("s", owner="bob")
+        assert store.last_seq("s") == 3
+
+    def test_concurrent_claims_for_different_owners_leave_exactly_one(
+        self, make_store: ContextStoreFactory
+    ) -> None:
+        """Threads claiming (or writing to) one session for different owners at once: one wins, once."""
+        store = make_store(counter=C1)
+        won: list[str] = []
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(4)
+
+        def work(owner: str) -> None:
+            barrier.wait()
+            try:
+                if owner.endswith(("0", "2")):
+                    store.claim("s", owner)
+                store.append("s", Message.user(f"{owner} was here"), owner=owner)
+                won.append(owner)
+            except SessionOwnerError as exc:
+                if exc.owner != owner or exc.actual_owner in (None, owner):
+                    errors.append(exc)
+            except BaseException as exc:  # collected and asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(f"owner-{i}",)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert len(won) == 1
+        assert store.owner_of("s") == won[0]
+        assert [e.message.content for e in store.events("s")] == [f"{won[0]} was here"]
 
     # --- idempotency keys ----------------------------------------------------------------
 
