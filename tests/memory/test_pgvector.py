@@ -148,3 +148,36 @@ def test_pgvector_store_accepts_a_shared_database_and_refuses_sqlite(
     with pytest.raises(ConfigError):
         PgVectorMemoryStore(sqlite_url, FakeEmbedder())
     db.dispose()
+
+
+def test_a_store_of_the_first_schema_is_upgraded_with_identities_and_write_order(postgres_url: str) -> None:
+    """Memories written before deduplication by identity get one, and a write order by creation time."""
+    import sqlalchemy as sa
+
+    from statekeep.db import upgrade
+    from statekeep.memory import _pgsql as q
+
+    db = Database(postgres_url)
+    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:1])
+    insert = (
+        f"INSERT INTO {q.TABLE} (owner, id, content, kind, source, trust, model, created_us, embedding) "
+        "VALUES ('alice', :id, :content, 'semantic', 'imported', 0.5, 'fake-hash-64', :t, CAST(:v AS vector))"
+    )
+    vector = "[" + ",".join(["0.125"] * 64) + "]"
+    with db.begin() as conn:
+        for mid, content, t in [
+            ("b", "Alice drinks tea.", 2),
+            ("a", "Alice has a dog.", 1),
+            ("c", "Bye!", 2),
+        ]:
+            conn.execute(sa.text(insert), {"id": mid, "content": content, "t": t, "v": vector})
+    db.dispose()
+    store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
+    listed = store.list_memories("alice")
+    assert [(m.id, m.seq) for m in listed] == [("a", 1), ("b", 2), ("c", 3)]
+    again = store.remember("alice", "alice drinks  TEA.")
+    assert again.id == "b"
+    assert again.dedupe is not None
+    assert again.dedupe.reason == "same_text"
+    assert store.remember("alice", "Alice has a cat.").seq == 4
+    store.close()

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from statekeep.db import Migration
+from statekeep.memory._dedupe import identity
 from statekeep.memory._rows import to_us
 from statekeep.memory._types import Filters
 
@@ -22,6 +23,8 @@ SCHEMA = "statekeep_memory"
 TABLE = f"{SCHEMA}.memories"
 PARTITIONS = 16
 OWNER_SETTING = "statekeep.owner"
+#: The write order of memories (``seq``): search breaks ties by content, then by it.
+SEQUENCE = f"{SCHEMA}.memory_seq"
 #: HNSW build effort: 32 (pgvector's default is 64) doubles write throughput; searches use
 #: ef_search=100 and iterative scans, which keep recall@10 above 0.95 (see bench/memory.py).
 EF_CONSTRUCTION = 32
@@ -32,13 +35,22 @@ PRIVATE_COLUMNS = ("owner", "id", "content", "tags", "metadata", "session_id", "
 
 SELECT_COLUMNS = (
     "id, owner, content, kind, tags, metadata, source, session_id, run_id, event_id, trust, model, "
-    "created_us, expires_us, superseded_by, duplicate_of"
+    "created_us, expires_us, superseded_by, duplicate_of, key, dedupe_key, duplicate_score, seq"
 )
 INSERT = sa.text(
     f"INSERT INTO {TABLE} ({SELECT_COLUMNS}, embedding) VALUES (:id, :owner, :content, :kind, :tags, "
     "CAST(:metadata AS jsonb), :source, :session_id, :run_id, :event_id, :trust, :model, :created_us, "
-    ":expires_us, :superseded_by, :duplicate_of, CAST(:embedding AS vector))"
+    ":expires_us, :superseded_by, :duplicate_of, :key, :dedupe_key, :duplicate_score, :seq, "
+    "CAST(:embedding AS vector))"
 )
+#: ``n`` new values of the write order, in one statement.
+NEXT_SEQ = sa.text(f"SELECT nextval('{SEQUENCE}') AS seq FROM generate_series(1, :n)")
+#: The owner's unexpired, not superseded memories with one of the identities, oldest first.
+SAME = sa.text(
+    f"SELECT {SELECT_COLUMNS} FROM {TABLE} WHERE owner = :owner AND dedupe_key = ANY(:keys) "
+    "AND superseded_by IS NULL AND (expires_us IS NULL OR expires_us > :now_us) ORDER BY seq"
+)
+
 POLICY = f"owner = current_setting('{OWNER_SETTING}', true)"
 
 
@@ -74,7 +86,36 @@ def _secure(conn: Connection, table: str) -> None:
     conn.exec_driver_sql(f"CREATE POLICY owner_scope ON {table} USING ({POLICY}) WITH CHECK ({POLICY})")
 
 
-MIGRATIONS = [Migration(1, "memories, partitioned by owner, with row-level security", _create)]
+def _dedupe_and_order(conn: Connection) -> None:
+    """Identity (caller's key or normalised text), merge score, and write order of each memory."""
+    conn.exec_driver_sql(f"CREATE SEQUENCE {SEQUENCE} AS bigint")
+    conn.exec_driver_sql(
+        f"ALTER TABLE {TABLE} ADD COLUMN key text, ADD COLUMN dedupe_key text, "
+        "ADD COLUMN duplicate_score double precision, ADD COLUMN seq bigint"
+    )
+    # existing memories: their identity from their text, their order from creation (then id)
+    rows = conn.execute(sa.text(f"SELECT owner, id, content FROM {TABLE} ORDER BY created_us, id")).all()
+    if rows:
+        conn.execute(
+            sa.text(
+                f"UPDATE {TABLE} SET seq = nextval('{SEQUENCE}'), dedupe_key = :k "
+                "WHERE owner = :o AND id = :i"
+            ),
+            [{"k": identity(r.content, None), "o": r.owner, "i": r.id} for r in rows],
+        )
+    conn.exec_driver_sql(
+        f"ALTER TABLE {TABLE} ALTER COLUMN seq SET DEFAULT nextval('{SEQUENCE}'), "
+        "ALTER COLUMN seq SET NOT NULL"
+    )
+    conn.exec_driver_sql(f"CREATE INDEX memories_dedupe ON {TABLE} (owner, dedupe_key)")
+    for column in ("key", "dedupe_key"):
+        conn.exec_driver_sql(f"ALTER TABLE {TABLE} ALTER COLUMN {column} SET STATISTICS 0")
+
+
+MIGRATIONS = [
+    Migration(1, "memories, partitioned by owner, with row-level security", _create),
+    Migration(2, "deduplication by identity, and a write order that breaks ranking ties", _dedupe_and_order),
+]
 
 
 #: How many memories an owner has, counting no further than ``:n`` (an index-only scan).
@@ -108,7 +149,8 @@ def scope_where(now_us: int | None, filters: Filters | None) -> tuple[str, dict[
     parts = ["owner = :owner"]
     params: dict[str, object] = {}
     if now_us is not None:
-        parts.append("superseded_by IS NULL AND duplicate_of IS NULL")
+        merged = filters is not None and filters.include_merged
+        parts.append("superseded_by IS NULL" if merged else "superseded_by IS NULL AND duplicate_of IS NULL")
         parts.append("(expires_us IS NULL OR expires_us > :now_us)")
         params["now_us"] = now_us
     if filters is not None:

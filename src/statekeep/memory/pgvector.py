@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -128,6 +129,7 @@ class PgVectorMemoryStore(base.MemoryStore):
             conn.exec_driver_sql(f"GRANT USAGE ON SCHEMA {q.SCHEMA} TO {ident}")
             conn.exec_driver_sql(f"GRANT SELECT ON {q.SCHEMA}.memory_migrations TO {ident}")
             conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {q.TABLE} TO {ident}")
+            conn.exec_driver_sql(f"GRANT USAGE ON SEQUENCE {q.SEQUENCE} TO {ident}")
             conn.exec_driver_sql(f"GRANT MAINTAIN ON {', '.join(parts)} TO {ident}")
 
     def close(self) -> None:
@@ -136,17 +138,30 @@ class PgVectorMemoryStore(base.MemoryStore):
 
     # --- writes ---------------------------------------------------------------------------
 
-    def _insert(self, memories: list[Memory], vectors: Vectors, supersedes: str | None = None) -> None:
+    def _insert(
+        self, memories: list[Memory], vectors: Vectors, supersedes: str | None = None
+    ) -> list[Memory]:
         self._ensure_index(self.embedder.name, vectors.shape[1])
         owner = memories[0].owner
-        rows = [{**to_row(m), "embedding": _vec(v)} for m, v in zip(memories, vectors, strict=True)]
         with self._scoped(owner) as conn:
+            seqs = sorted(r.seq for r in conn.execute(q.NEXT_SEQ, {"n": len(memories)}))
+            memories = [replace(m, seq=s) for m, s in zip(memories, seqs, strict=True)]
+            rows = [{**to_row(m), "embedding": _vec(v)} for m, v in zip(memories, vectors, strict=True)]
             conn.execute(q.INSERT, rows)
             if supersedes is not None:  # in the same transaction: never both current, never neither
                 _mark(conn, owner, supersedes, memories[0].id)
+        return memories
 
-    def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> None:
-        self._insert([new], vectors, supersedes=old_id)
+    def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> Memory:
+        return self._insert([new], vectors, supersedes=old_id)[0]
+
+    def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
+        found: dict[str, Memory] = {}
+        with self._scoped(owner, write=False) as conn:
+            rows = conn.execute(q.SAME, {"owner": owner, "keys": identities, "now_us": to_us(now)})
+            for r in rows:
+                found.setdefault(r.dedupe_key, from_row(dict(r._mapping)))
+        return found
 
     def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
         with self._scoped(owner) as conn:
