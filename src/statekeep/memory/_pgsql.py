@@ -50,6 +50,8 @@ SAME = sa.text(
     f"SELECT {SELECT_COLUMNS} FROM {TABLE} WHERE owner = :owner AND dedupe_key = ANY(:keys) "
     "AND superseded_by IS NULL AND (expires_us IS NULL OR expires_us > :now_us) ORDER BY seq"
 )
+#: The order of results among equal scores: content by code point (as Python compares), then write order.
+TIES = 'content COLLATE "C", seq'
 
 POLICY = f"owner = current_setting('{OWNER_SETTING}', true)"
 
@@ -186,7 +188,7 @@ def nearest_sql(model: str, dimension: int, clause: str) -> str:
     expr = vector_expr(dimension)
     return (
         f"SELECT {SELECT_COLUMNS}, {expr} <=> CAST(:q AS vector({int(dimension)})) AS distance "
-        f"FROM {TABLE} WHERE {clause} AND model = {literal(model)} ORDER BY distance LIMIT :k"
+        f"FROM {TABLE} WHERE {clause} AND model = {literal(model)} ORDER BY distance, {TIES} LIMIT :k"
     )
 
 
@@ -198,7 +200,7 @@ def nearest_each_sql(model: str, dimension: int, clause: str) -> str:
         f"WITH q AS MATERIALIZED (SELECT i, CAST(v AS vector({dim})) AS v "
         f"FROM unnest(CAST(:vs AS text[])) WITH ORDINALITY AS u(v, i)) "
         f"SELECT q.i, m.* FROM q CROSS JOIN LATERAL (SELECT {SELECT_COLUMNS}, {expr} <=> q.v AS distance "
-        f"FROM {TABLE} WHERE {clause} AND model = {literal(model)} ORDER BY distance LIMIT 1) AS m"
+        f"FROM {TABLE} WHERE {clause} AND model = {literal(model)} ORDER BY distance, {TIES} LIMIT 1) AS m"
     )
 
 
@@ -207,7 +209,7 @@ def text_sql(clause: str) -> str:
     return (
         f"SELECT {SELECT_COLUMNS}, ts_rank_cd(tsv, q) AS rank FROM {TABLE}, "
         "CAST(replace(CAST(plainto_tsquery('english', :query) AS text), '&', '|') AS tsquery) AS q "
-        f"WHERE {clause} AND tsv @@ q ORDER BY rank DESC, id LIMIT :k"
+        f"WHERE {clause} AND tsv @@ q ORDER BY rank DESC, {TIES} LIMIT :k"
     )
 
 

@@ -107,7 +107,7 @@ class Memory:
     ``dedupe="similar"``; ``duplicate_score`` is their cosine similarity).
     Search returns neither kind unless asked (``include_merged=True`` returns
     merged ones); both stay readable with :meth:`MemoryStore.get` and in exports.
-    ``seq`` is the store's write order.
+    ``seq`` is the store's write order; search breaks score ties by content, then by it.
     ``dedupe`` is not stored: it tells the caller of ``remember`` what that call did.
     """
 

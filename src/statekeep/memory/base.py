@@ -5,6 +5,10 @@ A backend implements a few primitives (``_insert``, ``_same``, ``_nearest``,
 ``_stale``, ``_set_vectors``); validation, embedding, deduplication, hybrid
 fusion, export and re-embedding live here, once. Every primitive takes the owner
 and must never touch another owner's rows.
+
+Ranking is deterministic: every backend orders results by score, then content
+(by code point), then write order (``seq``), so the same data and query give
+the same results on every run and every backend whose scores agree.
 """
 
 from __future__ import annotations
@@ -65,16 +69,37 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+def rank_key(hit: SearchResult) -> tuple[float, str, int]:
+    """The order of search results: best score first, then content (by code point), then write order."""
+    return (-hit.score, hit.memory.content, hit.memory.seq)
+
+
+def top_k(fetch: Callable[[int], list[SearchResult]], k: int) -> list[SearchResult]:
+    """The ``k`` best of an engine that ranks by score but cuts ties at its limit arbitrarily.
+
+    ``fetch(n)`` returns the ``n`` best by score, ties in any order. Rows tied
+    with the k-th could be left out by its limit, so fetch more until the last
+    row fetched scores below the k-th: then every tied row was seen, and
+    :func:`rank_key` decides among them.
+    """
+    n = k + 1
+    while True:
+        hits = sorted(fetch(n), key=rank_key)
+        if len(hits) < n or hits[-1].score < hits[k - 1].score:
+            return hits[:k]
+        n *= 4
+
+
 def fuse(rankings: Sequence[Sequence[SearchResult]], k: int) -> list[SearchResult]:
-    """Reciprocal-rank fusion of several rankings into the top ``k``."""
+    """Reciprocal-rank fusion of several rankings into the top ``k`` (ties by :func:`rank_key`)."""
     scores: dict[str, float] = {}
     memories: dict[str, Memory] = {}
     for ranking in rankings:
         for rank, hit in enumerate(ranking, start=1):
             scores[hit.memory.id] = scores.get(hit.memory.id, 0.0) + 1.0 / (RRF_K + rank)
             memories[hit.memory.id] = hit.memory
-    best = sorted(scores, key=lambda i: (-scores[i], i))[:k]
-    return [SearchResult(memories[i], scores[i]) for i in best]
+    fused = [SearchResult(memories[i], score) for i, score in scores.items()]
+    return sorted(fused, key=rank_key)[:k]
 
 
 def _merged(memory: Memory) -> Memory:
@@ -380,7 +405,8 @@ class MemoryStore(ABC):
         embedded by another model, are never returned; memories merged into
         another (``dedupe="similar"``) only with ``include_merged=True``. Pass
         ``vector`` to reuse a query embedding already computed with this store's
-        embedder.
+        embedder. Ties in score are broken by content, then write order, so the
+        same data and query give the same results on every run.
 
         Examples:
             >>> from statekeep.memory import FakeEmbedder, InMemoryMemoryStore
@@ -442,7 +468,7 @@ class MemoryStore(ABC):
 
     def list_memories(self, owner: str) -> list[Memory]:
         """Every unexpired memory of the owner, oldest first, superseded and merged ones included."""
-        return sorted(self._list(_check.check_owner(owner), self.now()), key=lambda m: (m.created_at, m.id))
+        return sorted(self._list(_check.check_owner(owner), self.now()), key=lambda m: (m.created_at, m.seq))
 
     def export(self, owner: str) -> str:
         """All of the owner's memories as a JSON document (for a data-subject request or a backup).
@@ -567,7 +593,10 @@ class MemoryStore(ABC):
     def _nearest(
         self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
     ) -> list[SearchResult]:
-        """Current, unexpired memories of ``owner`` by this model, nearest first; score = cosine."""
+        """Current, unexpired memories of ``owner`` by this model, nearest first; score = cosine.
+
+        The ``k`` best by :func:`rank_key`: ties at the cut are decided by it, not by the engine.
+        """
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         """The nearest current memory of ``owner`` to each vector (backends override to batch it)."""
@@ -575,7 +604,10 @@ class MemoryStore(ABC):
 
     @abstractmethod
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
-        """Current, unexpired memories of ``owner`` ranked by full-text relevance to ``query``."""
+        """Current, unexpired memories of ``owner`` ranked by full-text relevance to ``query``.
+
+        The ``k`` best by :func:`rank_key`, as for :meth:`_nearest`.
+        """
 
     @abstractmethod
     def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:

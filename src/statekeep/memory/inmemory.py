@@ -87,9 +87,16 @@ class InMemoryMemoryStore(base.MemoryStore):
         rows = [(m, v) for m, v in self._candidates(owner, filters, now) if m.model == model]
         if not rows:
             return []
-        sims = np.stack([v for _, v in rows]) @ vector
-        order = np.argsort(-sims, kind="stable")[:k]
-        return [SearchResult(rows[i][0], float(sims[i])) for i in order]
+        # row by row, not a matrix product: BLAS may sum a row differently by its position, and two
+        # memories with the same vector must score exactly alike (their tie is broken by rank_key)
+        sims = (np.stack([v for _, v in rows]) * vector).sum(axis=1, dtype=np.float64)
+        if len(rows) > k:  # the k best and every row tied with the k-th; rank_key orders them
+            cut = np.partition(sims, len(sims) - k)[len(sims) - k]
+            keep = np.flatnonzero(sims >= cut)
+        else:
+            keep = np.arange(len(rows))
+        hits = [SearchResult(rows[i][0], float(sims[i])) for i in keep]
+        return sorted(hits, key=base.rank_key)[:k]
 
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
         terms = words(query)
@@ -98,7 +105,7 @@ class InMemoryMemoryStore(base.MemoryStore):
             for m, _ in self._candidates(owner, filters, now)
         ]
         hits = [r for r in scored if r.score > 0]
-        return sorted(hits, key=lambda r: (-r.score, r.memory.id))[:k]
+        return sorted(hits, key=base.rank_key)[:k]
 
     def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:
         row = self._owned(owner).get(memory_id)

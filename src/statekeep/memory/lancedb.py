@@ -295,8 +295,12 @@ class LanceDBMemoryStore(base.MemoryStore):
         if self._dimension != vector.shape[0]:
             return []  # no vector of this model can be stored yet
         clause = where(owner, filters, now, model=self.embedder.name)
-        rows = self._vector_query(vector, owner, clause, k).to_list()
-        return [SearchResult(from_row(r), 1.0 - float(r["_distance"])) for r in rows]
+
+        def fetch(n: int) -> list[SearchResult]:
+            rows = self._vector_query(vector, owner, clause, n).to_list()
+            return [SearchResult(from_row(r), 1.0 - float(r["_distance"])) for r in rows]
+
+        return base.top_k(fetch, k)
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         if self._dimension != vectors.shape[1]:
@@ -310,9 +314,13 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
         clause = where(owner, filters, now)
-        search = self._table.search(query, query_type="fts", fts_columns="content")
-        rows = search.where(clause, prefilter=True).limit(k).to_list()
-        return [SearchResult(from_row(r), float(r["_score"])) for r in rows]
+
+        def fetch(n: int) -> list[SearchResult]:
+            search = self._table.search(query, query_type="fts", fts_columns="content")
+            rows = search.where(clause, prefilter=True).limit(n).to_list()
+            return [SearchResult(from_row(r), float(r["_score"])) for r in rows]
+
+        return base.top_k(fetch, k)
 
     def _rows(self, clause: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
         q = self._table.search().where(clause)

@@ -179,7 +179,7 @@ class PgVectorMemoryStore(base.MemoryStore):
             rows = conn.execute(sa.text(sql), {**params, "owner": owner, "q": _vec(vector), "k": k})
             found = [(from_row(dict(r._mapping)), 1.0 - float(r.distance)) for r in rows]
         # relaxed_order may return neighbours slightly out of order: sort them here
-        return [SearchResult(m, s) for m, s in sorted(found, key=lambda x: -x[1])]
+        return sorted((SearchResult(m, s) for m, s in found), key=base.rank_key)
 
     def _plan(self, conn: Connection, owner: str) -> None:
         """Steer the plan: exact for a small owner, HNSW with iterative scans for a big one.
