@@ -10,6 +10,8 @@ row's owner with that setting.
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -37,16 +39,23 @@ SELECT_COLUMNS = (
     "id, owner, content, kind, tags, metadata, source, session_id, run_id, event_id, trust, model, "
     "created_us, expires_us, superseded_by, duplicate_of, key, dedupe_key, duplicate_score, seq"
 )
-INSERT = sa.text(
-    f"INSERT INTO {TABLE} ({SELECT_COLUMNS}, embedding) VALUES (:id, :owner, :content, :kind, :tags, "
-    "CAST(:metadata AS jsonb), :source, :session_id, :run_id, :event_id, :trust, :model, :created_us, "
-    ":expires_us, :superseded_by, :duplicate_of, :key, :dedupe_key, :duplicate_score, :seq, "
-    "CAST(:embedding AS vector))"
+#: One memory in; its write order (``seq``) is the column's default. ``:embedding`` is sent in
+#: pgvector's binary format (a numpy array through pgvector's psycopg dumper).
+INSERT = (
+    f"INSERT INTO {TABLE} ({SELECT_COLUMNS.removesuffix(', seq')}, embedding) VALUES (:id, :owner, "
+    ":content, :kind, :tags, CAST(:metadata AS jsonb), :source, :session_id, :run_id, :event_id, :trust, "
+    ":model, :created_us, :expires_us, :superseded_by, :duplicate_of, :key, :dedupe_key, "
+    ":duplicate_score, :embedding)"
 )
-#: ``n`` new values of the write order, in one statement.
-NEXT_SEQ = sa.text(f"SELECT nextval('{SEQUENCE}') AS seq FROM generate_series(1, :n)")
+#: The write order of memories just inserted.
+SEQS = f"SELECT id, seq FROM {TABLE} WHERE owner = :owner AND id = ANY(:ids)"
+#: The transactions of ``PgVectorMemoryStore._run``, as ``Database.read`` and ``begin`` open them.
+BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+BEGIN_WRITE = "BEGIN"
+#: Mark a memory superseded by its successor.
+MARK = f"UPDATE {TABLE} SET superseded_by = :s WHERE owner = :owner AND id = :id"
 #: The owner's unexpired, not superseded memories with one of the identities, oldest first.
-SAME = sa.text(
+SAME = (
     f"SELECT {SELECT_COLUMNS} FROM {TABLE} WHERE owner = :owner AND dedupe_key = ANY(:keys) "
     "AND superseded_by IS NULL AND (expires_us IS NULL OR expires_us > :now_us) ORDER BY seq"
 )
@@ -124,6 +133,29 @@ MIGRATIONS = [
 BOUNDED_COUNT = f"SELECT count(*) FROM (SELECT 1 FROM {TABLE} WHERE owner = :owner LIMIT :n) AS s"
 
 
+_PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+_LITERAL = re.compile(r"('(?:[^']|'')*')")
+
+
+def pyformat(sql: str) -> str:
+    """A statement written with ``:name`` parameters in psycopg's ``%(name)s`` style.
+
+    Quoted literals are kept as they are, ``::`` casts too; every ``%`` is doubled.
+
+    Examples:
+        >>> pyformat("SELECT a::text FROM t WHERE m = 'x :y' AND o = :owner")
+        "SELECT a::text FROM t WHERE m = 'x :y' AND o = %(owner)s"
+    """
+    parts = _LITERAL.split(sql.replace("%", "%%"))
+    return "".join(p if i % 2 else _PARAM.sub(r"%(\1)s", p) for i, p in enumerate(parts))
+
+
+def settings_sql(names: Sequence[str]) -> str:
+    """One statement that sets each named setting for the rest of the transaction (``%(s<i>)s`` values)."""
+    calls = ", ".join(f"set_config({literal(n)}, %(s{i})s, true)" for i, n in enumerate(names))
+    return f"SELECT {calls}"
+
+
 def literal(value: str) -> str:
     """A SQL string literal (standard_conforming_strings: only quotes are special)."""
     if "\x00" in value:
@@ -195,10 +227,10 @@ def nearest_sql(model: str, dimension: int, clause: str) -> str:
 def nearest_each_sql(model: str, dimension: int, clause: str) -> str:
     """The nearest current memory to each of many vectors, in one round trip (for duplicate checks)."""
     expr, dim = vector_expr(dimension), int(dimension)
-    # materialized, so each query vector is parsed once, not once per candidate row
+    # materialized, so each query vector is cast once, not once per candidate row
     return (
         f"WITH q AS MATERIALIZED (SELECT i, CAST(v AS vector({dim})) AS v "
-        f"FROM unnest(CAST(:vs AS text[])) WITH ORDINALITY AS u(v, i)) "
+        f"FROM unnest(CAST(:vs AS vector[])) WITH ORDINALITY AS u(v, i)) "
         f"SELECT q.i, m.* FROM q CROSS JOIN LATERAL (SELECT {SELECT_COLUMNS}, {expr} <=> q.v AS distance "
         f"FROM {TABLE} WHERE {clause} AND model = {literal(model)} ORDER BY distance, {TIES} LIMIT 1) AS m"
     )

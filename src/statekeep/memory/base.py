@@ -429,10 +429,9 @@ class MemoryStore(ABC):
         vec = self._query_vector(query, vector)
         now = self.now()
         pool = k if mode == "vector" else max(k * 4, 20)
-        hits = self._nearest(owner, vec, pool, filters, now)
         if mode == "vector":
-            return hits[:k]
-        return fuse([hits, self._text(owner, query, pool, filters, now)], k)
+            return self._nearest(owner, vec, pool, filters, now)[:k]
+        return fuse(list(self._hybrid(owner, vec, query, pool, filters, now)), k)
 
     def _query_vector(self, query: str, vector: Sequence[float] | None) -> Vectors:
         if vector is None:
@@ -597,6 +596,12 @@ class MemoryStore(ABC):
 
         The ``k`` best by :func:`rank_key`: ties at the cut are decided by it, not by the engine.
         """
+
+    def _hybrid(
+        self, owner: str, vector: Vectors, query: str, k: int, filters: Filters, now: datetime
+    ) -> tuple[list[SearchResult], list[SearchResult]]:
+        """The vector and the full-text ranking of a hybrid search (backends override to do both at once)."""
+        return self._nearest(owner, vector, k, filters, now), self._text(owner, query, k, filters, now)
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         """The nearest current memory of ``owner`` to each vector (backends override to batch it)."""
