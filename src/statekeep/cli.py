@@ -266,12 +266,10 @@ def serve(
     home: Home = None,
 ) -> None:
     """Serve the approval webhook: list, read and decide approvals over HTTP (needs statekeep[web])."""
-    try:
-        import uvicorn
-    except ImportError as exc:
-        from statekeep.errors import MissingDependencyError
+    from statekeep._extras import requires
 
-        raise MissingDependencyError("statekeep[web]", "statekeep serve") from exc
+    with requires("web", "statekeep serve"):
+        import uvicorn
     from statekeep.web import create_app
 
     try:

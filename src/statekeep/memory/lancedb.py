@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from statekeep._extras import requires
 from statekeep._numbers import check_int
-from statekeep.errors import ConfigError, ErasureError, InvalidInputError, MissingDependencyError
+from statekeep.errors import ConfigError, ErasureError, InvalidInputError
 from statekeep.memory import _lock, base
 from statekeep.memory._rows import COLUMNS, from_row, to_row, to_us
 from statekeep.memory._types import Filters, Memory, SearchResult
@@ -142,10 +143,8 @@ class LanceDBMemoryStore(base.MemoryStore):
         **kw: Any,
     ) -> None:
         super().__init__(embedder, **kw)
-        try:
+        with requires("lancedb", "LanceDB memory"):
             import lancedb
-        except ImportError as exc:  # pragma: no cover - a dependency of statekeep
-            raise MissingDependencyError("lancedb", "LanceDB memory") from exc
         check_int(exact_below, "exact_below")
         check_int(nprobes, "nprobes", minimum=1, maximum=100_000)
         if not isinstance(path, str | PathLike) or not str(path).strip() or "\x00" in str(path):

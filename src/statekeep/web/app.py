@@ -18,27 +18,25 @@ from datetime import datetime
 from http import HTTPStatus
 from typing import Annotated, Any
 
+from statekeep._extras import requires
 from statekeep._text import check_id
 from statekeep.errors import (
     ApprovalDecidedError,
     ApprovalExpiredError,
     ConfigError,
     InvalidInputError,
-    MissingDependencyError,
     NotFoundError,
     StatekeepError,
     StorageError,
 )
 from statekeep.workflow import RunStatus, WorkflowStore
 
-try:
+with requires("web", "the approval webhook"):
     from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from pydantic import BaseModel, ConfigDict, Field, StrictBool
     from starlette.exceptions import HTTPException as StarletteHTTPException
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependencyError("statekeep[web]", "the approval webhook") from exc
 
 MIN_TOKEN_LENGTH = 16
 _TOKEN = re.compile(rf"[!-~]{{{MIN_TOKEN_LENGTH},}}")
