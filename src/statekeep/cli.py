@@ -22,6 +22,7 @@ from statekeep.config import Settings
 from statekeep.errors import InvalidInputError, StatekeepError
 
 if TYPE_CHECKING:
+    from statekeep.db import Database
     from statekeep.memory import MemoryStore
     from statekeep.runtime import Runtime
     from statekeep.workflow import WorkflowStore
@@ -58,10 +59,22 @@ def _settings(database_url: str | None, home: str | None, memory_url: str | None
     return settings
 
 
+#: Databases a command opened; main() closes their connections when the command ends, so a
+#: PostgreSQL server sees them closed, not dropped (and an in-process caller leaks none).
+_OPENED: list[Database] = []
+
+
+def _opened(db: Database) -> Database:
+    _OPENED.append(db)
+    return db
+
+
 def _workflow(database_url: str | None, home: str | None) -> WorkflowStore:
     from statekeep.workflow import WorkflowStore
 
-    return WorkflowStore(_settings(database_url, home).url_for("workflow"))
+    store = WorkflowStore(_settings(database_url, home).url_for("workflow"))
+    _opened(store.db)
+    return store
 
 
 def _memory(database_url: str | None, home: str | None, memory_url: str | None) -> MemoryStore:
@@ -398,6 +411,7 @@ def context_show(
     from statekeep.context import SQLContextStore
 
     store = SQLContextStore(_settings(database_url, home).url_for("context"))
+    _opened(store.db)
     built = store.build(session, budget, system=system, compact=False)
     report = built.report
     table = Table(
@@ -486,3 +500,6 @@ def main() -> None:
         else:
             err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         raise SystemExit(int(getattr(exc, "exit_code", 2))) from None
+    finally:
+        while _OPENED:
+            _OPENED.pop().dispose()
