@@ -8,6 +8,7 @@ and 20+ at random times from the parent. After each kill a new process resumes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import signal
 import time
@@ -50,9 +51,7 @@ def crash_loop(
             continue
         point = workload.POINTS[sum(kills[p] for p in workload.POINTS) % len(workload.POINTS)]
         n = rng.randint(1, 3)
-        pid = fork(
-            lambda point=point, n=n: workload.child(url, work, point, n, reconcile, workload.FRESH_RUNS)
-        )
+        pid = fork(functools.partial(workload.child, url, work, point, n, reconcile, workload.FRESH_RUNS))
         code = wait(pid)
         assert code == -signal.SIGKILL, f"a child told to die at {point} #{n} exited with {code}"
         kills[point] += 1

@@ -141,7 +141,7 @@ def test_bad_run_ids_and_inputs_are_refused_before_writing(make_engine: EngineFa
         with pytest.raises(InvalidInputError, match="run_id"):
             engine.run(three, bad, "a")
     with pytest.raises(InvalidInputError, match="input"):
-        engine.run(three, "r", ("a", "tuple"))  # type: ignore[arg-type]
+        engine.run(three, "r", ("a", "tuple"))
     assert engine.store.list_runs() == []
 
 
@@ -250,12 +250,12 @@ def test_step_commits_with_the_state_version_in_one_transaction(database_url: st
         if step.name in fails:
             raise Crash
 
-    store.record_step = failing  # type: ignore[assignment]
+    store.record_step = failing
     try:
         with pytest.raises(Crash):
             engine.run(wf, "r")
     finally:
-        store.record_step = original  # type: ignore[assignment]
+        store.record_step = original
     assert states.latest_version("r") == 1  # version 2 rolled back with its completion
     assert [(s.name, s.state_version, s.cursor) for s in engine.store.steps("r")] == [("one", 1, 41)]
     assert engine.resume("r").status is RunStatus.COMPLETED
@@ -312,7 +312,7 @@ def test_async_workflow_and_async_steps_share_the_one_implementation(make_engine
 
     @registry.workflow("async", version=1)
     async def awf(ctx: AsyncRunContext, x: int) -> list[int]:
-        a = await ctx.step("double", double, x)
+        a: int = await ctx.step("double", double, x)
         b = await ctx.step("inc", lambda: a + 1)
         return [a, b]
 
@@ -370,8 +370,15 @@ def test_invariant_5_a_registered_migration_upgrades_a_mid_run_workflow(make_eng
 
     @v2.workflow("flow", version=2)
     def flow2(ctx: RunContext) -> str:
-        first = ctx.step("download", lambda: ran.append("download") or "new")
-        return first + ctx.step("b", lambda: ran.append("b") or "b")
+        def download() -> str:
+            ran.append("download")
+            return "new"
+
+        def b() -> str:
+            ran.append("b")
+            return "b"
+
+        return ctx.step("download", download) + ctx.step("b", b)
 
     @v2.migration("flow", from_version=1, to_version=2)
     def rename(journal: list[StepRecord]) -> list[StepRecord]:
@@ -392,7 +399,11 @@ def test_invariant_5_linear_storage_bytes_per_step_stay_constant(make_engine: En
     @registry.workflow("long", version=1)
     def wf(ctx: RunContext, n: int) -> int:
         for i in range(n):
-            ctx.step("s", lambda i=i: {"i": i % 10, "text": "x" * 400})
+
+            def payload(i: int = i) -> dict[str, object]:
+                return {"i": i % 10, "text": "x" * 400}
+
+            ctx.step("s", payload)
         return n
 
     engine = make_engine(registry)
@@ -481,12 +492,12 @@ def test_a_database_error_mid_run_leaves_it_resumable_not_failed(make_engine: En
     def broken(conn: sa.Connection, step: StepRecord, epoch: int) -> None:
         raise sa.exc.OperationalError("INSERT", {}, Exception("disk I/O error"))
 
-    store.record_step = broken  # type: ignore[assignment]
+    store.record_step = broken
     try:
         with pytest.raises(StorageError, match="disk I/O error"):
             engine.run(engine.registry.get("three", 1), "r", "a")
     finally:
-        store.record_step = original  # type: ignore[assignment]
+        store.record_step = original
     assert engine.store.get("r").status is RunStatus.RUNNING
     assert engine.resume("r").status is RunStatus.COMPLETED
 
@@ -530,7 +541,7 @@ def test_an_infrastructure_error_inside_a_step_leaves_the_run_resumable(
 
     @registry.workflow("infra", version=1, retry=RetryPolicy(attempts=3))
     def infra(ctx: RunContext) -> str:
-        return ctx.step("flaky", flaky)  # type: ignore[no-any-return]
+        return ctx.step("flaky", flaky)
 
     engine = make_engine(registry)
     with pytest.raises((StorageError, MemoryLockedError)):
