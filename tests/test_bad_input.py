@@ -25,18 +25,18 @@ from statekeep.working import SQLWorkingStateStore
 @pytest.mark.parametrize(
     ("call", "setting"),
     [
-        (lambda: Settings.load(home=5, env={}), "home"),
+        (lambda: Settings.load(home=5, env={}), "home"),  # type: ignore[arg-type]
         (lambda: Settings.load(home="/tmp/h\x00", env={}), "STATEKEEP_HOME"),
-        (lambda: Settings.load(database_url=5, env={}), "database_url"),
-        (lambda: Settings.load(context_url=5, env={}), "context_url"),
-        (lambda: Settings.load(memory_url=5, env={}), "memory_url"),
+        (lambda: Settings.load(database_url=5, env={}), "database_url"),  # type: ignore[arg-type]
+        (lambda: Settings.load(context_url=5, env={}), "context_url"),  # type: ignore[arg-type]
+        (lambda: Settings.load(memory_url=5, env={}), "memory_url"),  # type: ignore[arg-type]
         (lambda: Settings.load(memory_url="/tmp/m\x00", env={}), "STATEKEEP_MEMORY_URL"),
-        (lambda: Settings.load(env=5), "env"),
-        (lambda: SQLContextStore(None), "STATEKEEP_CONTEXT_URL"),
-        (lambda: SQLWorkflowStore(None), "STATEKEEP_WORKFLOW_URL"),
-        (lambda: SQLWorkingStateStore(5), "STATEKEEP_WORKING_URL"),
+        (lambda: Settings.load(env=5), "env"),  # type: ignore[arg-type]
+        (lambda: SQLContextStore(None), "STATEKEEP_CONTEXT_URL"),  # type: ignore[arg-type]
+        (lambda: SQLWorkflowStore(None), "STATEKEEP_WORKFLOW_URL"),  # type: ignore[arg-type]
+        (lambda: SQLWorkingStateStore(5), "STATEKEEP_WORKING_URL"),  # type: ignore[arg-type]
         (lambda: SQLWorkflowStore("sqlite:////tmp/a\x00b.db"), "STATEKEEP_WORKFLOW_URL"),
-        (lambda: Settings.load(home="h", env={"STATEKEEP_HOME": 5}), "STATEKEEP_HOME"),
+        (lambda: Settings.load(home="h", env={"STATEKEEP_HOME": 5}), "STATEKEEP_HOME"),  # type: ignore[dict-item]
         (lambda: Settings.load(home="h", env={}).url_for("bogus"), "store"),
     ],
 )

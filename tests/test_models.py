@@ -75,6 +75,7 @@ def server() -> Iterator[tuple[str, type[_Recorder]]]:
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_port}/v1", handler
     httpd.shutdown()
+    httpd.server_close()  # shutdown() stops the loop; the listening socket closes here
 
 
 def test_openai_adapter_sends_messages_and_tools(server: tuple[str, type[_Recorder]]) -> None:

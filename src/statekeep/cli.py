@@ -25,6 +25,7 @@ from statekeep.config import Settings
 from statekeep.errors import InvalidInputError, StatekeepError
 
 if TYPE_CHECKING:
+    from statekeep.db import Database
     from statekeep.memory import MemoryStore
     from statekeep.runtime import Runtime
     from statekeep.workflow import WorkflowStore
@@ -61,10 +62,22 @@ def _settings(database_url: str | None, home: str | None, memory_url: str | None
     return settings
 
 
+#: Databases a command opened; main() closes their connections when the command ends, so a
+#: PostgreSQL server sees them closed, not dropped (and an in-process caller leaks none).
+_OPENED: list[Database] = []
+
+
+def _opened(db: Database) -> Database:
+    _OPENED.append(db)
+    return db
+
+
 def _workflow(database_url: str | None, home: str | None) -> WorkflowStore:
     from statekeep.workflow import SQLWorkflowStore
 
-    return SQLWorkflowStore(_settings(database_url, home).url_for("workflow"))
+    store = SQLWorkflowStore(_settings(database_url, home).url_for("workflow"))
+    _opened(store.db)
+    return store
 
 
 def _memory(database_url: str | None, home: str | None, memory_url: str | None) -> MemoryStore:
@@ -280,12 +293,10 @@ def serve(
     home: Home = None,
 ) -> None:
     """Serve the approval webhook: list, read and decide approvals over HTTP (needs statekeep[web])."""
-    try:
-        import uvicorn
-    except ImportError as exc:
-        from statekeep.errors import MissingDependencyError
+    from statekeep._extras import requires
 
-        raise MissingDependencyError("statekeep[web]", "statekeep serve") from exc
+    with requires("web", "statekeep serve"):
+        import uvicorn
     from statekeep._json import parse
     from statekeep.web import create_app
 
@@ -412,6 +423,7 @@ def context_show(
     from statekeep.context import SQLContextStore
 
     store = SQLContextStore(_settings(database_url, home).url_for("context"))
+    _opened(store.db)
     built = store.build(session, budget, system=system, compact=False, owner=owner)
     report = built.report
     table = Table(
@@ -546,3 +558,6 @@ def main() -> None:
         else:
             err_console.print(literal(f"error: {exc}"), soft_wrap=True)
         raise SystemExit(int(getattr(exc, "exit_code", 2))) from None
+    finally:
+        while _OPENED:
+            _OPENED.pop().dispose()

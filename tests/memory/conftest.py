@@ -118,4 +118,5 @@ def synthetic_vectors(n: int, dim: int, seed: int = 0) -> npt.NDArray[np.float32
     points = centers[rng.integers(0, len(centers), n)] + 0.6 * rng.standard_normal((n, dim)).astype(
         np.float32
     )
-    return points / np.linalg.norm(points, axis=1, keepdims=True)
+    unit: npt.NDArray[np.float32] = points / np.linalg.norm(points, axis=1, keepdims=True)
+    return unit
