@@ -439,7 +439,8 @@ class Runtime:
         asked: list[RunEvent] = []
         if run.status in (RunStatus.WAITING_FOR_APPROVAL, RunStatus.NEEDS_DECISION):
             for a in self.engine.store.approvals(run_id=run.run_id):
-                asked.append(ApprovalRequested(run.run_id, a.approval_id, a.action, a.args, a.reason))
+                arguments = a.args.get("kwargs", {}) if isinstance(a.args, dict) else {}
+                asked.append(ApprovalRequested(run.run_id, a.approval_id, a.action, arguments, a.reason))
         return [*asked, RunWaiting(run.run_id, run.status.value, run)]
 
     def worker(self, **kw: Any) -> Worker:

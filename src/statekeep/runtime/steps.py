@@ -100,6 +100,7 @@ class AgentSteps:
         ctx.step("begin", lambda: self.begin(ctx, first))
         for turn in range(agent.max_turns):
             reply = self.model_turn(ctx, agent, turn)
+            asked_now = ctx.seq > ctx.run.last_seq  # the model was asked in this invocation, not replayed
             if not reply["tool_calls"]:
                 return reply["content"]  # type: ignore[no-any-return]
             scope = RunScope(first.owner, first.session_id, ctx.run_id, reply["event"])
@@ -108,9 +109,10 @@ class AgentSteps:
                 name = f"observe-{turn}-{i}"
                 ctx.step(name, partial(self.observe, ctx, call, result, name))
             # a journaled boundary; when this invocation's turns are spent, the run parks as
-            # sleeping (due at once) for the next resume or worker
+            # sleeping (due at once) for the next resume or worker. Only the turns this
+            # invocation asked the model for count: not the one an earlier invocation parked at.
             inv = invocation.get()
-            if inv is not None and inv.turns_left is not None and not ctx.replaying:
+            if inv is not None and inv.turns_left is not None and asked_now:
                 inv.turns_left -= 1
             spent = inv is not None and inv.turns_left == 0
             ctx.sleep(f"turn-{turn}", until=_soon() if spent else _epoch())
