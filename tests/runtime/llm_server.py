@@ -52,12 +52,9 @@ class LLMServer:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                headers = {k.lower(): v for k, v in self.headers.items()}
                 server.requests.append(
-                    {
-                        "path": self.path,
-                        "headers": {k.lower(): v for k, v in self.headers.items()},
-                        "body": body,
-                    }
+                    {"path": self.path, "headers": headers, "body": body, "at": time.time()}
                 )
                 reply = server.responder(self.path, body)
                 self.send_response(reply.status)
