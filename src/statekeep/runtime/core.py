@@ -130,6 +130,21 @@ class Runtime:
             engine=engine, context=context, working=working, memory=memory, model=model, retry_wait=retry_wait
         )
 
+    @classmethod
+    async def aopen(
+        cls,
+        settings: Settings | None = None,
+        *,
+        model: AnyModel,
+        embedder: Embedder | None = None,
+        lease: float = 30.0,
+        retry_wait: float = 60.0,
+    ) -> Runtime:
+        """Awaitable :meth:`open`: connecting and loading the tokenizer happen off the event loop."""
+        return await asyncio.to_thread(
+            partial(cls.open, settings, model=model, embedder=embedder, lease=lease, retry_wait=retry_wait)
+        )
+
     # --- agents -----------------------------------------------------------------------------
 
     def register(self, agent: Agent) -> Workflow[Any, Any]:
