@@ -22,7 +22,7 @@ from statekeep.runtime.agent import Agent, AgentState, check_run, check_text
 from statekeep.runtime.events import ApprovalRequested, RunCompleted, RunEvent, RunFailed, RunWaiting
 from statekeep.runtime.fork import copy_session, copy_states
 from statekeep.runtime.scope import Invocation, check_turns, current_scope, invocation
-from statekeep.runtime.steps import AgentSteps
+from statekeep.runtime.steps import PARK, AgentSteps
 from statekeep.runtime.usage import Usage, run_usage
 from statekeep.workflow import Engine, Registry, Run, RunContext, RunStatus, Worker, Workflow
 from statekeep.workflow.base import MAX_SEQ
@@ -363,6 +363,11 @@ class Runtime:
         started = _agent_input(run)
         if started is not None and not run.status.finished:
             self._claim_session(started[1], started[0])
+        until = (run.waiting or {}).get("until") if run.status is RunStatus.SLEEPING else None
+        if isinstance(until, str):  # parked by a turn limit a moment ago: due in a few ms
+            ahead = (datetime.fromisoformat(until) - datetime.now(UTC)).total_seconds()
+            if 0 < ahead <= PARK.total_seconds():
+                time.sleep(ahead)
         return self.engine.resume(run_id)
 
     def _wait(self, run: Run, inv: Invocation) -> float | None:

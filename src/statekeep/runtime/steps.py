@@ -439,6 +439,10 @@ def _epoch() -> datetime:
     return datetime(1970, 1, 1, tzinfo=UTC)
 
 
+#: How far ahead a turn limit parks a run: a sleep due now would not park it at all.
+PARK = timedelta(milliseconds=10)
+
+
 def _soon() -> datetime:
-    """A pause point: the run parks as sleeping, due in 10 ms, for the next resume or worker."""
-    return datetime.now(UTC) + timedelta(milliseconds=10)
+    """A pause point: the run parks as sleeping, due in :data:`PARK`, for the next resume or worker."""
+    return datetime.now(UTC) + PARK
