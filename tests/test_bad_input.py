@@ -57,7 +57,10 @@ def _tool(**kw: Any) -> AgentTool:
 @pytest.mark.parametrize(
     ("call", "field"),
     [
-        (lambda: OpenAIChatModel("m", base_url=None), "base_url"),  # type: ignore[arg-type]
+        (lambda: OpenAIChatModel("m", base_url=8000), "base_url"),  # type: ignore[arg-type]
+        (lambda: OpenAIChatModel("m", base_url="http://x", temperature=3), "temperature"),
+        (lambda: OpenAIChatModel("m", base_url="http://x", max_tokens=0), "max_tokens"),
+        (lambda: OpenAIChatModel("m", base_url="http://x", tool_choice=""), "tool_choice"),
         (lambda: OpenAIChatModel("m", base_url="http://x", timeout=-1), "timeout"),
         (lambda: OpenAIChatModel("m", base_url="http://x", timeout=float("nan")), "timeout"),
         (lambda: OpenAIChatModel("", base_url="http://x"), "model"),
@@ -65,6 +68,8 @@ def _tool(**kw: Any) -> AgentTool:
         (lambda: Agent("a", system="\ud800", tools=[]), "system"),
         (lambda: Agent("a", system="s", tools=None), "tools"),  # type: ignore[arg-type]
         (lambda: Agent("a", system="s", tools=[], model_retry=5), "model_retry"),  # type: ignore[arg-type]
+        (lambda: Agent("a", system="s", tools=[], tool_retry=5), "tool_retry"),  # type: ignore[arg-type]
+        (lambda: _tool(on_error="ignore"), "on_error"),
         (lambda: _tool(description=5), "description"),
         (lambda: _tool(parameters={"a": {1, 2}}), "parameters"),
         (lambda: _tool(parameters=[]), "parameters"),

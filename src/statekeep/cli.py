@@ -115,8 +115,9 @@ def runs_list(
 
 @runs_app.command("show")
 def runs_show(run_id: str, database_url: DatabaseURL = None, home: Home = None) -> None:
-    """Show one run: status, input, output, error, checkpoint."""
-    run = _workflow(database_url, home).get(run_id)
+    """Show one run: status, input, output, error, checkpoint, and the tokens its model calls used."""
+    store = _workflow(database_url, home)
+    run = store.get(run_id)
     table = Table("field", "value", show_header=False)
     for name in (
         "run_id",
@@ -136,6 +137,9 @@ def runs_show(run_id: str, database_url: DatabaseURL = None, home: Home = None) 
         "waiting",
     ):
         table.add_row(name, literal(getattr(run, name)))
+    from statekeep.runtime.usage import run_usage
+
+    table.add_row("usage", literal(str(run_usage(store.steps(run_id)))))
     console.print(table)
 
 
@@ -169,6 +173,15 @@ def runs_cancel(run_id: str, database_url: DatabaseURL = None, home: Home = None
     """Cancel a live run; no worker will advance it again."""
     run = _workflow(database_url, home).cancel(run_id)
     console.print(literal(f"run {run.run_id}: {run.status}"))
+
+
+@runs_app.command("retry")
+def runs_retry(run_id: str, database_url: DatabaseURL = None, home: Home = None) -> None:
+    """Make a failed run runnable again: a worker continues it after its last completed step."""
+    run = _workflow(database_url, home).retry(run_id)
+    console.print(
+        literal(f"run {run.run_id}: {run.status}; a worker continues it after step #{run.last_seq}")
+    )
 
 
 # --- approvals -------------------------------------------------------------------------------

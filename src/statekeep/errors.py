@@ -465,7 +465,26 @@ class ErasureError(MemoryStoreError):
 
 
 class ModelError(StatekeepError):
-    """A model call failed (HTTP error, timeout, malformed answer)."""
+    """A model call failed (HTTP error, timeout, malformed answer).
+
+    ``retryable`` says whether the same call may succeed later (a timeout, a reset
+    connection, HTTP 408, 409, 429 or 5xx); ``retry_after`` is the wait in seconds
+    the provider asked for, if any; ``status`` is the HTTP status, if there was
+    one. The message carries the provider's own explanation.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+        super().__init__(message)
 
 
 class AgentError(StatekeepError):
