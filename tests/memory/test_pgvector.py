@@ -17,7 +17,7 @@ from statekeep.db import Database
 from statekeep.errors import ConfigError, MemoryNotFoundError, StorageError
 from statekeep.memory import FakeEmbedder, SentenceTransformerEmbedder
 from statekeep.memory.pgvector import PgVectorMemoryStore
-from tests.memory.test_conformance import Clock
+from tests.memory.conftest import Clock
 
 
 def libpq(url: str) -> str:
