@@ -141,7 +141,7 @@ MISSING = [
         "from statekeep.db import Database\nDatabase('postgresql://u:pw@h/db')", "postgres", id="postgres"
     ),
     pytest.param(
-        "from statekeep.workflow import WorkflowStore\nWorkflowStore('postgresql://h/db')",
+        "from statekeep.workflow import SQLWorkflowStore\nSQLWorkflowStore('postgresql://h/db')",
         "postgres",
         id="workflow-on-postgres",
     ),

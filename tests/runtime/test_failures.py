@@ -251,7 +251,7 @@ def _worker(settings: Settings, server: LLMServer, run_id: str, **env: str) -> s
 
 def _kill(proc: subprocess.Popen[str]) -> None:
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    proc.communicate(timeout=30)  # reaps it and closes its stdout pipe
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -309,7 +309,8 @@ def test_a_stream_that_completed_before_the_kill_is_not_paid_twice(settings: Set
     provider = Provider("openai")
     with serving(trip(provider, [])) as server:
         proc = _worker(settings, server, "after-stream", STATEKEEP_TEST_KILL_AFTER="model-0")
-        assert proc.wait(timeout=120) == -signal.SIGKILL
+        proc.communicate(timeout=120)
+        assert proc.returncode == -signal.SIGKILL
         rt = llm_app.build_runtime(settings, server.url)
         try:
             run = rt.resume("after-stream")
