@@ -207,6 +207,25 @@ class Approval:
 
 
 @dataclass(frozen=True, slots=True)
+class RunPage:
+    """One page of runs, newest first (:meth:`WorkflowStore.search_runs`).
+
+    Attributes:
+        runs: The runs of this page.
+        total: How many runs matched every filter (all pages together).
+        offset: How many matching runs come before this page.
+        limit: The page size asked for.
+        counts: Runs per status among those matching every filter but the status one.
+    """
+
+    runs: list[Run]
+    total: int
+    offset: int
+    limit: int
+    counts: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpoint:
     """What the runtime needs to continue a run.
 
