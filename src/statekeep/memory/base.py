@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from statekeep import tracing
 from statekeep.errors import ConflictError, InvalidInputError, MemoryNotFoundError
 from statekeep.memory import _check
 from statekeep.memory._types import (
@@ -154,7 +155,8 @@ class MemoryStore(ABC):
         Raises:
             InvalidInputError: an item is invalid; nothing was written.
         """
-        return self._write(owner, items, dedupe=True)
+        with tracing.span("memory.write", {"statekeep.memory.backend": self.backend}):
+            return self._write(owner, items, dedupe=True)
 
     def supersede(
         self,
@@ -188,7 +190,8 @@ class MemoryStore(ABC):
             provenance or old.provenance,
             expires_at,
         )
-        return self._write(owner, [item], dedupe=False, supersedes=old.id)[0]
+        with tracing.span("memory.write", {"statekeep.memory.backend": self.backend}):
+            return self._write(owner, [item], dedupe=False, supersedes=old.id)[0]
 
     def _write(
         self, owner: str, items: Sequence[MemoryInput | str], *, dedupe: bool, supersedes: str | None = None
@@ -299,13 +302,20 @@ class MemoryStore(ABC):
         if mode not in ("vector", "hybrid"):
             raise InvalidInputError("must be 'vector' or 'hybrid'", field="mode")
         filters = _check.check_filters(kinds, tags, since, until, sources, min_trust)
-        vec = self._query_vector(query, vector)
-        now = self.now()
-        pool = k if mode == "vector" else max(k * 4, 20)
-        hits = self._nearest(owner, vec, pool, filters, now)
-        if mode == "vector":
+        attributes = {
+            "statekeep.memory.backend": self.backend,
+            "statekeep.memory.k": k,
+            "statekeep.memory.mode": mode,
+        }
+        with tracing.span("memory.search", attributes) as span:
+            vec = self._query_vector(query, vector)
+            now = self.now()
+            pool = k if mode == "vector" else max(k * 4, 20)
+            hits = self._nearest(owner, vec, pool, filters, now)
+            if mode != "vector":
+                hits = fuse([hits, self._text(owner, query, pool, filters, now)], k)
+            span.set_attribute("statekeep.memory.results", len(hits[:k]))
             return hits[:k]
-        return fuse([hits, self._text(owner, query, pool, filters, now)], k)
 
     def _query_vector(self, query: str, vector: Sequence[float] | None) -> Vectors:
         if vector is None:
