@@ -14,6 +14,8 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from statekeep import tracing
+from statekeep._inspect import context_record
 from statekeep.context import ContextStore, Event, MemoryItem, Message, ToolCall, to_openai
 from statekeep.errors import AgentError, EventKeyConflictError
 from statekeep.models import AsyncModel, Model, ModelResponse, ToolSpec
@@ -90,6 +92,7 @@ class AgentSteps:
         state = self._state(ctx)
         key = f"{ctx.run_id}/model-{turn}"
         logged = self.context.find(state.session_id, key, owner=state.owner)
+        sent: dict[str, Any] = {}  # what the call was sent and used, for people to see (the console)
         if logged is None:  # else the model answered before a crash: it is not paid for twice
             memories = self._memories(state, agent)
             built = self.context.build(
@@ -100,7 +103,13 @@ class AgentSteps:
                 memories=memories,
                 owner=state.owner,
             )
-            response = self._complete(to_openai(built.messages), [t.spec for t in agent.tools])
+            with tracing.model_call(self.model.name) as span:
+                response = self._complete(to_openai(built.messages), [t.spec for t in agent.tools])
+                tracing.model_answered(
+                    span, response.input_tokens, response.output_tokens, len(response.tool_calls)
+                )
+            usage = {"prompt": response.input_tokens, "completion": response.output_tokens}
+            sent = {"context": context_record(built, memory_k=agent.memory_k), "usage": usage}
             calls = [ToolCall(c.id, c.name, c.arguments) for c in response.tool_calls]
             logged = self._append(state, Message.assistant(response.content or "", tool_calls=calls), key)
         ctx.set_state(state.model_copy(update={"turn": turn + 1, "cursor": logged.seq}))
@@ -109,7 +118,7 @@ class AgentSteps:
         calls_json = [
             {"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in message.tool_calls
         ]
-        return {"content": message.content or None, "tool_calls": calls_json, "event": logged.seq}
+        return {"content": message.content or None, "tool_calls": calls_json, "event": logged.seq, **sent}
 
     def act(self, ctx: RunContext, tools: dict[str, AgentTool], call: dict[str, Any], scope: RunScope) -> Any:
         """One tool call through the ledger (or an approval gate); a bad call answers with an error."""
