@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -31,6 +32,7 @@ from statekeep.config import Settings
 from statekeep.errors import InvalidInputError, StatekeepError
 
 if TYPE_CHECKING:
+    from statekeep.db import Database
     from statekeep.memory import Embedder, MemoryStore
     from statekeep.runtime import Agent, Runtime
     from statekeep.workflow import Approval, Run, WorkflowStore
@@ -118,11 +120,21 @@ def _settings(database_url: str | None, home: str | None, memory_url: str | None
     return settings
 
 
+#: Databases a command opened; main() closes their connections when the command ends, so a
+#: PostgreSQL server sees them closed, not dropped (and an in-process caller leaks none).
+_OPENED: list[Database] = []
+
+
+def _opened(db: Database) -> Database:
+    _OPENED.append(db)
+    return db
+
+
 def _workflow(database_url: str | None, home: str | None) -> WorkflowStore:
     """The workflow store of an existing database (nothing is created)."""
     from statekeep.workflow import SQLWorkflowStore
 
-    return SQLWorkflowStore(open_sql(_load_settings(database_url, home), "workflow"))
+    return SQLWorkflowStore(_opened(open_sql(_load_settings(database_url, home), "workflow")))
 
 
 def _memory(
@@ -207,9 +219,15 @@ def runs_list(
 def runs_show(
     run_id: RunID, json_out: JSONOut = False, database_url: DatabaseURL = None, home: Home = None
 ) -> None:
-    """Show one run: status, owner, input, output, error, checkpoint, what it waits for."""
-    run = _workflow(database_url, home).get(run_id)
+    """Show one run: status, owner, input, output, error, checkpoint, what it waits for, and the
+    tokens its model calls used."""
+    from statekeep.runtime.usage import run_usage
+
+    store = _workflow(database_url, home)
+    run = store.get(run_id)
+    usage = run_usage(store.steps(run_id))
     doc = _run_json(run)
+    doc["usage"] = {**asdict(usage), "total": usage.total} if json_out else str(usage)
     if json_out:
         _print_json(json.dumps(doc, ensure_ascii=False, indent=2, default=str))
         return
@@ -247,6 +265,15 @@ def runs_cancel(run_id: RunID, database_url: DatabaseURL = None, home: Home = No
     """Cancel a live run; no worker will advance it again."""
     run = _workflow(database_url, home).cancel(run_id)
     console.print(literal(f"run {run.run_id}: {run.status}"))
+
+
+@runs_app.command("retry")
+def runs_retry(run_id: RunID, database_url: DatabaseURL = None, home: Home = None) -> None:
+    """Make a failed run runnable again: a worker continues it after its last completed step."""
+    run = _workflow(database_url, home).retry(run_id)
+    console.print(
+        literal(f"run {run.run_id}: {run.status}; a worker continues it after step #{run.last_seq}")
+    )
 
 
 def _run_json(run: Run) -> dict[str, Any]:
@@ -530,12 +557,10 @@ def serve(
     Pages for runs, approvals and memory at /, the JSON API under /api
     (documented at /docs), all behind the same tokens.
     """
-    try:
-        import uvicorn
-    except ImportError as exc:
-        from statekeep.errors import MissingDependencyError
+    from statekeep._extras import requires
 
-        raise MissingDependencyError("statekeep[web]", "statekeep serve") from exc
+    with requires("web", "statekeep serve"):
+        import uvicorn
     from statekeep._json import parse
     from statekeep.web import Stores, check_config, create_app
 
@@ -743,7 +768,7 @@ def context_show(
     from statekeep.working import SQLWorkingStateStore
 
     settings = _load_settings(database_url, home, memory_url)
-    context = SQLContextStore(open_sql(settings, "context"))
+    context = SQLContextStore(_opened(open_sql(settings, "context")))
     found_owner = context.owner_of(session)
     if owner is not None and found_owner not in (None, owner):
         raise SessionOwnerError(session, owner, found_owner)
@@ -752,8 +777,8 @@ def context_show(
     built = next_context(
         session_id=session,
         context=context,
-        workflow=None if workflow_db is None else SQLWorkflowStore(workflow_db),
-        working=None if working_db is None else SQLWorkingStateStore(working_db),
+        workflow=None if workflow_db is None else SQLWorkflowStore(_opened(workflow_db)),
+        working=None if working_db is None else SQLWorkingStateStore(_opened(working_db)),
         memory=lambda: open_memory(settings, chosen, read_only=True),
         agent=None if agent is None else _agent(agent),
         system=system,
@@ -921,6 +946,9 @@ def main() -> None:
         else:
             err_console.print(literal(f"error: {exc}"), soft_wrap=True)
         raise SystemExit(int(getattr(exc, "exit_code", 2))) from None
+    finally:
+        while _OPENED:
+            _OPENED.pop().dispose()
 
 
 __all__ = ["app", "literal", "main", "pretty", "visible"]

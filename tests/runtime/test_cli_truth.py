@@ -12,16 +12,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import click
 import pytest
 import typer
 
 from statekeep.cli import app
 from statekeep.config import Settings
 from statekeep.context import Message, to_openai
+from statekeep.models import ScriptedModel
 from statekeep.runtime import Runtime
 from statekeep.workflow import Engine, Registry, RunContext
 from tests.runtime import agent_app
@@ -30,8 +31,11 @@ from tests.runtime.test_cli import cli
 
 __all__ = ["cli"]
 
+#: The fixture: run ``statekeep ARGS`` in this process; (exit code, output).
+Cli = Callable[..., tuple[int, str]]
 
-def test_version(cli) -> None:  # type: ignore[no-untyped-def]
+
+def test_version(cli: Cli) -> None:
     from statekeep import __version__
 
     assert cli("--version") == (0, f"statekeep {__version__}\n")
@@ -39,17 +43,19 @@ def test_version(cli) -> None:  # type: ignore[no-untyped-def]
 
 def test_every_option_and_argument_has_help() -> None:
     """Every parameter of every command says what it is for in --help."""
-    missing = []
+    missing, seen = [], []
 
-    def walk(command: click.Command, path: str) -> None:
+    def walk(command: Any, path: str) -> None:
+        seen.append(path)
         for param in command.params:
-            if not getattr(param, "help", None) and param.name not in ("help",):
+            if not getattr(param, "help", None):
                 missing.append(f"{path} {param.name}")
-        if isinstance(command, click.Group):
-            for name, sub in command.commands.items():
-                walk(sub, f"{path} {name}")
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            walk(sub, f"{path} {name}")
 
     walk(typer.main.get_command(app), "statekeep")
+    assert "statekeep runs list" in seen
+    assert "statekeep memory search" in seen
     assert missing == []
 
 
@@ -66,7 +72,7 @@ def many_runs(settings: Settings, n: int) -> Engine:
     return engine
 
 
-def test_runs_list_is_newest_first_paged_and_says_how_many(cli, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+def test_runs_list_is_newest_first_paged_and_says_how_many(cli: Cli, settings: Settings) -> None:
     """With 105 runs the newest is on the first page, and the listing says there are more."""
     many_runs(settings, 105).store.close()
     code, out = cli("runs", "list", "--limit", "10")
@@ -84,7 +90,9 @@ def test_runs_list_is_newest_first_paged_and_says_how_many(cli, settings: Settin
     assert doc["counts"] == {"pending": 5}
 
 
-def test_listings_print_json_and_whole_ids(cli, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_listings_print_json_and_whole_ids(
+    cli: Cli, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Approval and run ids are what the other commands take: never cut, even in 80 columns."""
     registry = Registry()
 
@@ -171,7 +179,7 @@ def test_an_existing_file_without_the_stores_is_not_changed(tmp_path: Path) -> N
         assert conn.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)
 
 
-def test_unknown_ids_exit_non_zero(cli, runtime: Runtime) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_ids_exit_non_zero(cli: Cli, runtime: Runtime) -> None:
     runtime.run(agent_app.AGENT, "known", owner=agent_app.OWNER, task="Plan a trip")
     for args in (
         ("runs", "show", "nope"),
@@ -188,7 +196,7 @@ def test_unknown_ids_exit_non_zero(cli, runtime: Runtime) -> None:  # type: igno
         assert "nope" in out
 
 
-def test_context_show_is_exactly_the_runtimes_next_call(cli, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+def test_context_show_is_exactly_the_runtimes_next_call(cli: Cli, settings: Settings) -> None:
     """Pinned task state and memories included; the model then receives the same messages.
 
     The worker's runtime keeps the LanceDB folder open for writing meanwhile: the read works beside it.
@@ -208,7 +216,7 @@ def test_context_show_is_exactly_the_runtimes_next_call(cli, settings: Settings)
         assert "Current task state (pinned)" in text
         assert "owner: owner-1" in text
         model = rt.model
-        assert isinstance(model, agent_app.ScriptedModel)
+        assert isinstance(model, ScriptedModel)
         before = len(model.calls)
         rt.resume("trip")  # on to the approval gate: the first call it makes is the one shown
         sent = model.calls[before]  # the next call the model received
@@ -220,7 +228,7 @@ def test_context_show_is_exactly_the_runtimes_next_call(cli, settings: Settings)
     assert json.loads(out)["settings_from"] == "agent 'trip'"
 
 
-def test_memory_reads_work_while_a_worker_holds_the_folder(cli, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+def test_memory_reads_work_while_a_worker_holds_the_folder(cli: Cli, settings: Settings) -> None:
     if settings.memory.backend != "lancedb":
         pytest.skip("pgvector has no folder lock")
     rt = agent_app.build_runtime(settings)
@@ -263,15 +271,15 @@ def test_app_modules_are_found_from_the_current_folder(settings: Settings, tmp_p
     assert "worker handled 0 runs" in out.stdout
 
 
-def test_worker_log_options_are_checked(cli) -> None:  # type: ignore[no-untyped-def]
+def test_worker_log_options_are_checked(cli: Cli) -> None:
     code, out = cli("worker", "--app", "tests.runtime.agent_app:build_runtime", "--log-format", "xml")
     assert code == 1
     assert out.startswith("error: --log-format:")
 
 
 def test_the_demo_says_where_it_writes_and_how_to_list_its_runs(
-    cli, monkeypatch: pytest.MonkeyPatch, settings: Settings
-) -> None:  # type: ignore[no-untyped-def]
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, settings: Settings
+) -> None:
     from statekeep import demo
 
     monkeypatch.setattr(demo, "run", lambda settings, console: None)

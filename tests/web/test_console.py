@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 
 from statekeep.config import Settings
 from statekeep.memory import FakeEmbedder
-from statekeep.runtime import Runtime
 from statekeep.web import Stores, create_app
 from statekeep.web.access import Access
+from statekeep.workflow import WorkflowStore
 from tests.runtime import agent_app
 
 ALICE, CAROL, DAVE = "alice-token-0123456789", "carol-token-0123456789", "dave-token-0123456789a"
@@ -32,7 +32,7 @@ def bearer(token: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def console(settings: Settings) -> Iterator[tuple[TestClient, Runtime]]:
+def console(settings: Settings) -> Iterator[tuple[TestClient, WorkflowStore]]:
     """trip-1 (owner-1) waits for approval; trip-2 (owner-2) is pending; the console over them."""
     rt = agent_app.build_runtime(settings)
     rt.run(agent_app.AGENT, "trip-1", owner="owner-1", task="Plan a trip")
@@ -42,7 +42,7 @@ def console(settings: Settings) -> Iterator[tuple[TestClient, Runtime]]:
     stores = Stores.open(settings, embedder=FakeEmbedder())
     app = create_app(stores.workflow, tokens=TOKENS, stores=stores)
     with TestClient(app, base_url="https://testserver") as client:
-        yield client, rt
+        yield client, stores.workflow
     stores.close()
 
 
@@ -52,7 +52,7 @@ def login(client: TestClient, token: str = ALICE) -> None:
 
 
 def test_a_browser_logs_in_with_a_token_and_keeps_a_signed_cookie(
-    console: tuple[TestClient, Runtime],
+    console: tuple[TestClient, WorkflowStore],
 ) -> None:
     client, _ = console
     redirected = client.get("/runs?status=pending", headers=HTML, follow_redirects=False)
@@ -100,7 +100,7 @@ def test_session_cookies_are_signed_expire_and_end_with_their_token() -> None:
     assert access.by_cookie("garbage", now=1001.0) is None
 
 
-def test_runs_are_newest_first_counted_filtered_and_scoped(console: tuple[TestClient, Runtime]) -> None:
+def test_runs_are_newest_first_counted_filtered_and_scoped(console: tuple[TestClient, WorkflowStore]) -> None:
     client, _ = console
     page = client.get("/api/runs", headers=bearer(ALICE)).json()
     assert [r["run_id"] for r in page["runs"]] == ["trip-2", "trip-1"]
@@ -126,7 +126,7 @@ def test_runs_are_newest_first_counted_filtered_and_scoped(console: tuple[TestCl
 
 
 def test_a_run_shows_its_timeline_contexts_usage_and_state_versions(
-    console: tuple[TestClient, Runtime],
+    console: tuple[TestClient, WorkflowStore],
 ) -> None:
     client, _ = console
     run = client.get("/api/runs/trip-1", headers=bearer(ALICE)).json()
@@ -148,7 +148,7 @@ def test_a_run_shows_its_timeline_contexts_usage_and_state_versions(
     assert list(sections) == ["system", "pinned", "memories", "window"]
     assert sections["system"]["messages"] == [{"role": "system", "content": "You plan trips."}]
     assert last["total"] == sum(s["tokens"] for s in last["sections"]) + last["reply_overhead"]
-    assert calls[-1]["usage"] == {"prompt": 0, "completion": 0}
+    assert calls[-1]["usage"] == {"prompt": 0, "completion": 0, "cached": 0}
     states = client.get("/api/runs/trip-1/states", headers=bearer(ALICE)).json()
     assert [s["version"] for s in states] == list(range(1, len(states) + 1))
     assert client.get("/api/runs/trip-1/states/1", headers=bearer(ALICE)).json()["turn"] == 0
@@ -161,7 +161,7 @@ def test_a_run_shows_its_timeline_contexts_usage_and_state_versions(
     assert "trip-1/3/0" in page.text
 
 
-def test_pages_work_without_script_and_forbid_any(console: tuple[TestClient, Runtime]) -> None:
+def test_pages_work_without_script_and_forbid_any(console: tuple[TestClient, WorkflowStore]) -> None:
     client, _ = console
     login(client)
     (ask,) = client.get("/api/approvals").json()
@@ -189,9 +189,9 @@ def test_pages_work_without_script_and_forbid_any(console: tuple[TestClient, Run
 
 
 def test_a_decision_from_the_page_is_recorded_as_the_logged_in_person(
-    console: tuple[TestClient, Runtime],
+    console: tuple[TestClient, WorkflowStore],
 ) -> None:
-    client, rt = console
+    client, store = console
     login(client)
     (ask,) = client.get("/api/approvals").json()
     page = client.get(f"/approvals/{ask['approval_id']}", headers=HTML).text
@@ -200,17 +200,17 @@ def test_a_decision_from_the_page_is_recorded_as_the_logged_in_person(
     path = f"/approvals/{ask['approval_id']}/decide"
     forged = client.post(path, data={"decision": "approve", "csrf": "nope"}, headers=HTML)
     assert forged.status_code == 403
-    assert rt.engine.store.approval(ask["approval_id"]).status == "pending"
+    assert store.approval(ask["approval_id"]).status == "pending"
     done = client.post(
         path, data={"decision": "approve", "comment": "fine", "csrf": csrf.group(1)}, headers=HTML
     )
     assert done.status_code == 200
     assert "Recorded: approved by alice@example.com" in done.text
-    decided = rt.engine.store.approval(ask["approval_id"])
+    decided = store.approval(ask["approval_id"])
     assert (decided.status, decided.decided_by, decided.comment) == ("approved", "alice@example.com", "fine")
 
 
-def test_the_webhooks_first_paths_still_answer_json(console: tuple[TestClient, Runtime]) -> None:
+def test_the_webhooks_first_paths_still_answer_json(console: tuple[TestClient, WorkflowStore]) -> None:
     client, _ = console
     listed = client.get("/approvals", headers=bearer(ALICE))
     assert listed.headers["content-type"] == "application/json"
@@ -220,7 +220,7 @@ def test_the_webhooks_first_paths_still_answer_json(console: tuple[TestClient, R
 
 
 def test_memory_is_listed_searched_exported_and_erased_within_scope(
-    console: tuple[TestClient, Runtime], settings: Settings
+    console: tuple[TestClient, WorkflowStore], settings: Settings
 ) -> None:
     client, _ = console
     listed = client.get("/api/memory/owner-2", headers=bearer(ALICE)).json()

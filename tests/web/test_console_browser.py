@@ -26,7 +26,7 @@ from tests.web.browser import ROOT, Server, browser, embedded_settings, shots
 __all__ = ["browser", "shots"]
 
 ALICE = "alice-token-0123456789"
-TOKENS = {
+TOKENS: dict[str, Any] = {
     "alice@example.com": ALICE,
     "bob@example.com": {"token": "bob-token-0123456789ab", "gates": ["send"]},
 }
@@ -179,7 +179,7 @@ def test_arguments_with_markup_scripts_and_escapes_are_shown_literally(
     registry = Registry()
 
     @registry.tool("pay")
-    def pay(key: str, **kwargs: Any) -> str:
+    def pay(key: str, /, **kwargs: Any) -> str:
         return "paid"
 
     @registry.workflow("payout", version=1)
@@ -194,7 +194,12 @@ def test_arguments_with_markup_scripts_and_escapes_are_shown_literally(
     with Server(create_app(store, tokens=TOKENS)) as server:
         page = browser.new_page()
         dialogs: list[str] = []
-        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+
+        def dialog(d: Any) -> None:
+            dialogs.append(d.message)
+            d.dismiss()
+
+        page.on("dialog", dialog)
         page.goto(server.url + "/login")
         page.fill("#token", ALICE)
         page.click("button[type=submit]")
@@ -213,7 +218,7 @@ def test_arguments_with_markup_scripts_and_escapes_are_shown_literally(
         assert "<i>payments</i> need a person" in page.inner_text("main")
         assert "run-<b>1</b>" in page.inner_text("main")
         page.screenshot(path=str(shots / "console-literal.png"), full_page=True)
-        csp = page.goto(server.url + "/approvals").headers["content-security-policy"]  # type: ignore[union-attr]
+        csp = page.goto(server.url + "/approvals").headers["content-security-policy"]
         assert "default-src 'none'" in csp
         assert dialogs == []
         page.close()

@@ -148,6 +148,7 @@ def check_input(item: object, now: datetime) -> MemoryInput:
         metadata=check_metadata(item.metadata),
         provenance=check_provenance(item.provenance),
         expires_at=expires,
+        key=None if item.key is None else check_text(item.key, "key", limit=MAX_OWNER),
     )
 
 
@@ -167,6 +168,7 @@ def check_filters(
     until: datetime | None,
     sources: Iterable[SourceKind] | SourceKind | None,
     min_trust: float | None,
+    include_merged: bool = False,
 ) -> Filters:
     """Validate search filters into a :class:`Filters`."""
     if min_trust is not None and (
@@ -176,6 +178,8 @@ def check_filters(
         or not 0 <= min_trust <= 1
     ):
         raise InvalidInputError("must be a number from 0 to 1", field="min_trust")
+    if not isinstance(include_merged, bool):
+        raise InvalidInputError("must be True or False", field="include_merged")
     return Filters(
         kinds=_choices(kinds, MEMORY_KINDS, "kinds"),
         tags=check_tags(tags),
@@ -183,4 +187,5 @@ def check_filters(
         until=check_time(until, "until"),
         sources=_choices(sources, SOURCE_KINDS, "sources"),
         min_trust=None if min_trust is None else float(min_trust),
+        include_merged=include_merged,
     )

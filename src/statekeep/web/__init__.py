@@ -7,10 +7,13 @@
 ['/api/approvals', '/api/approvals/{approval_id}', '/api/approvals/{approval_id}/decision']
 """
 
-from statekeep.web.access import DEFAULT_MAX_BODY, Grant
-from statekeep.web.api import ApprovalOut, Decision, RunOut
-from statekeep.web.app import check_config, create_app
-from statekeep.web.stores import Stores
+from statekeep._extras import requires
+
+with requires("web", "the web console"):
+    from statekeep.web.access import DEFAULT_MAX_BODY, Grant
+    from statekeep.web.api import ApprovalOut, Decision, RunOut
+    from statekeep.web.app import check_config, create_app
+    from statekeep.web.stores import Stores
 
 __all__ = [
     "DEFAULT_MAX_BODY",

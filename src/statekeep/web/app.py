@@ -32,13 +32,13 @@ from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Annotated, Any
 
+from statekeep._extras import requires
 from statekeep._json import MAX_DEPTH, parse
 from statekeep.errors import (
     ApprovalDecidedError,
     ApprovalExpiredError,
     InvalidInputError,
     MemoryLockedError,
-    MissingDependencyError,
     NotFoundError,
     StatekeepError,
     StorageError,
@@ -48,7 +48,7 @@ from statekeep.web.api import Api, ApprovalOut, Decision, RunOut
 from statekeep.web.stores import Stores
 from statekeep.workflow import WorkflowStore
 
-try:
+with requires("web", "the web console"):
     from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse
@@ -56,8 +56,6 @@ try:
     from starlette.datastructures import Headers
     from starlette.exceptions import HTTPException as StarletteHTTPException
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependencyError("statekeep[web]", "the web console") from exc
 
 _NEED_TOKEN = "a valid bearer token is required"
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}

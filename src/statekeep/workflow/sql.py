@@ -176,6 +176,90 @@ class SQLWorkflowStore(WorkflowStore):
             withdraw_approvals(conn, run_id)
             return _get(conn, run_id)
 
+    def retry(self, run_id: str) -> Run:
+        check_run_id(run_id)
+        stamp = now()
+        with self.db.begin() as conn:
+            error = _get(conn, run_id).error
+            reopen = (
+                runs.update()
+                .where(runs.c.run_id == run_id, runs.c.status == RunStatus.FAILED.value)
+                .values(
+                    status=RunStatus.PENDING.value,
+                    output=None,
+                    error=None,
+                    finished_at=None,
+                    runnable_at=stamp,
+                    updated_at=stamp,
+                    waiting=None,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    lease_parent_epoch=None,
+                    epoch=runs.c.epoch + 1,
+                )
+            )
+            if conn.execute(reopen).rowcount != 1:
+                status = _get(conn, run_id).status.value
+                raise InvalidInputError(
+                    f"run {run_id!r} is {status}: only a failed run is retried", field="run_id"
+                )
+            run = _get(conn, run_id)
+            _note(conn, run_id, "statekeep.retried", {"error": error, "after_seq": run.last_seq})
+        return run
+
+    def fork(self, run_id: str, at_seq: int, run: dict[str, Any]) -> Run:
+        check_run_id(run_id)
+        new_id = check_run_id(run["run_id"])
+        check_int(at_seq, "at_seq", maximum=MAX_SEQ)
+        stamp = now()
+        with self.db.begin() as conn:
+            source = _get(conn, run_id)
+            if at_seq > source.last_seq:
+                raise InvalidInputError(
+                    f"run {run_id!r} has {source.last_seq} completed steps: cannot fork at step {at_seq}",
+                    field="at_seq",
+                )
+            schema = conn.execute(
+                sa.select(runs.c.state_schema, runs.c.state_schema_version).where(runs.c.run_id == run_id)
+            ).one()
+            q = sa.select(steps).where(steps.c.run_id == run_id, steps.c.seq <= at_seq).order_by(steps.c.seq)
+            journal = [step_record(r) for r in conn.execute(q).mappings()]
+            row = {
+                "run_id": new_id,
+                "workflow": source.workflow,
+                "version": source.version,
+                "input": run["input"],
+                "input_hash": run["input_hash"],
+                "status": RunStatus.PENDING.value,
+                "runnable_at": stamp,
+                "created_at": stamp,
+                "updated_at": stamp,
+                "epoch": 0,
+                "last_seq": at_seq,
+                "state_schema": schema.state_schema,
+                "state_schema_version": schema.state_schema_version,
+                "state_version": _last_set(s.state_version for s in journal),
+                "cursor": _last_set(s.cursor for s in journal),
+            }
+            insert = self.db.dialect.insert(runs).values(row).on_conflict_do_nothing()
+            if conn.execute(insert.returning(runs.c.run_id)).first() is None:  # the id is taken
+                existing = _get(conn, new_id)
+                if existing.workflow == source.workflow and codec.digest(existing.input) == run["input_hash"]:
+                    return existing
+                raise RunConflictError(new_id, "is taken by another run")
+            for step in journal:
+                values = {k: getattr(step, k) for k in StepRecord.__slots__}
+                conn.execute(steps.insert().values({**values, "run_id": new_id}))
+            calls = sa.select(tool_calls).where(
+                tool_calls.c.run_id == run_id, tool_calls.c.seq <= at_seq, tool_calls.c.status == "completed"
+            )
+            for call in conn.execute(calls).mappings().all():
+                key = str(call["key"])
+                renamed = new_id + key[len(run_id) :] if key.startswith(f"{run_id}/") else f"{new_id}/{key}"
+                conn.execute(tool_calls.insert().values({**call, "run_id": new_id, "key": renamed}))
+            _note(conn, run_id, "statekeep.forked", {"run_id": new_id, "at_seq": at_seq})
+            return _get(conn, new_id)
+
     # --- leases ---------------------------------------------------------------------------
 
     def acquire(self, run_id: str, owner: str, lease: float, *, parent: Run | None = None) -> Run | None:
@@ -447,6 +531,23 @@ def _contains(text: str) -> sa.ColumnElement[bool]:
     ]
     clauses += [runs.c.input.icontains(needle, autoescape=True) for needle in {text, escaped}]
     return sa.or_(*clauses)
+
+
+def _note(conn: Connection, run_id: str, name: str, payload: dict[str, Any]) -> None:
+    """Record something that happened to a run as an event no wait consumes (``consumed_seq`` 0)."""
+    conn.execute(
+        events.insert().values(
+            run_id=run_id, name=name, payload=codec.to_json(payload), created_at=now(), consumed_seq=0
+        )
+    )
+
+
+def _last_set(values: Iterable[int | None]) -> int | None:
+    found = None
+    for value in values:
+        if value is not None:
+            found = value
+    return found
 
 
 def _approval(conn: Connection, approval_id: str) -> Approval:

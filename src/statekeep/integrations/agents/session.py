@@ -77,7 +77,7 @@ class StatekeepSession(SessionABC):
 
     Examples:
         >>> import asyncio
-        >>> session = StatekeepSession("s1", "sqlite:///:memory:")
+        >>> session = StatekeepSession("s1", "sqlite:///agents-session.db")
         >>> asyncio.run(session.add_items([{"role": "user", "content": "Hi"}]))
         >>> asyncio.run(session.get_items())
         [{'role': 'user', 'content': 'Hi'}]
