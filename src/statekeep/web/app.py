@@ -301,12 +301,14 @@ def create_app(
     @router.get("/runs", summary="Runs, newest first, a page at a time, with counts per status")
     def list_runs(
         who: Caller,
-        status: str | None = None,
-        workflow: str | None = None,
-        owner: str | None = None,
+        status: Annotated[str | None, Query(description="Only runs in this status.")] = None,
+        workflow: Annotated[
+            str | None, Query(description="Only runs of this workflow (agent.<name>).")
+        ] = None,
+        owner: Annotated[str | None, Query(description="Only the agent runs of this owner.")] = None,
         q: Annotated[str | None, Query(description="Text in the run's id, workflow, input or error.")] = None,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 25,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=1000, description="Runs per page.")] = 25,
+        offset: Annotated[int, Query(ge=0, description="Skip this many newer runs.")] = 0,
     ) -> _JSON:
         page = api.runs(who, status=status, workflow=workflow, owner=owner, q=q, limit=limit, offset=offset)
         return _JSON(page.model_dump(mode="json"))
@@ -329,7 +331,10 @@ def create_app(
 
     @router.get("/runs/{run_id:path}/states/diff", summary="A diff between two working-state versions")
     def get_state_diff(
-        run_id: str, who: Caller, a: Annotated[int, Query(ge=1)], b: Annotated[int, Query(ge=1)]
+        run_id: str,
+        who: Caller,
+        a: Annotated[int, Query(ge=1, description="The version to compare from.")],
+        b: Annotated[int, Query(ge=1, description="The version to compare with.")],
     ) -> _JSON:
         return _JSON({"a": a, "b": b, "diff": api.state_diff(who, run_id, a, b)})
 
@@ -347,10 +352,12 @@ def create_app(
     @router.get("/approvals", summary="Approvals, oldest first (pending unless status says otherwise)")
     def list_approvals(
         who: Caller,
-        status: str = "pending",
-        run_id: str | None = None,
-        kind: str | None = None,
-        action: str | None = None,
+        status: Annotated[
+            str, Query(description="pending, approved, rejected, expired, withdrawn or all.")
+        ] = "pending",
+        run_id: Annotated[str | None, Query(description="Only this run's approvals.")] = None,
+        kind: Annotated[str | None, Query(description="gate or ambiguous.")] = None,
+        action: Annotated[str | None, Query(description="Only approvals of this gated action.")] = None,
     ) -> _JSON:
         """Pending ones unless ``status`` says otherwise (``all`` for every one).
 
@@ -387,7 +394,7 @@ def create_app(
         owner: str,
         who: Caller,
         q: Annotated[str | None, Query(description="Search by meaning instead of listing.")] = None,
-        k: Annotated[int, Query(ge=1, le=100)] = 10,
+        k: Annotated[int, Query(ge=1, le=100, description="How many results of a search.")] = 10,
     ) -> _JSON:
         return _JSON(api.memories(who, owner, q=q, k=k).model_dump(mode="json"))
 
@@ -396,7 +403,7 @@ def create_app(
         owner: str,
         who: Caller,
         confirm: Annotated[str, Query(description="The owner again: erasure is not undone.")],
-        memory_id: str | None = None,
+        memory_id: Annotated[str | None, Query(description="Erase only this memory.")] = None,
     ) -> _JSON:
         """Returns the erasure receipt. ``confirm`` must repeat the owner; 409 while a worker holds
         a LanceDB memory folder for writing."""
