@@ -79,6 +79,11 @@ def test_a_browser_logs_in_with_a_token_and_keeps_a_signed_cookie(
         "identity": "alice@example.com",
         "scope": "every run, approval and owner",
     }
+    (ask,) = client.get("/api/approvals").json()  # the cookie reads the API, but changes nothing through it
+    refused = client.post(f"/api/approvals/{ask['approval_id']}/decision", json={"approve": True})
+    assert (refused.status_code, refused.json()["error"]) == (403, "Forbidden")
+    assert client.delete("/api/memory/owner-2?confirm=owner-2").status_code == 403
+    assert client.post(f"/approvals/{ask['approval_id']}/decision", json={"approve": True}).status_code == 403
     csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
     assert csrf is not None
     assert client.post("/logout", data={"csrf": "forged"}).status_code == 403

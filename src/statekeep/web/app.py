@@ -127,7 +127,8 @@ class _Guard:
             return
         headers = Headers(scope=scope)
         grant = self.access.by_header(headers.get("authorization"))
-        if grant is None and "authorization" not in headers:
+        by_cookie = grant is None and "authorization" not in headers
+        if by_cookie:
             grant = self.access.by_cookie(_cookie(headers.get("cookie", ""), COOKIE))
         if grant is None:
             if wants_html(scope, path) and scope["method"] in ("GET", "HEAD"):
@@ -144,6 +145,14 @@ class _Guard:
             status, error = (413, _TOO_LARGE) if too_large else (400, "Bad Request")
             detail = _BodyTooLarge(self.max_body).detail if too_large else "Content-Length is not a number"
             await _error(status, error, detail)(scope, receive, send)
+            return
+        api = path.startswith("/api/") or (
+            _WEBHOOK.fullmatch(path) is not None and not wants_html(scope, path)
+        )
+        if by_cookie and api and scope["method"] not in ("GET", "HEAD"):
+            # the pages change things through their own forms, which carry a CSRF field
+            detail = "the API changes nothing for a login cookie: send the bearer token"
+            await _error(403, "Forbidden", detail)(scope, receive, send)
             return
         scope[_GRANT] = grant
         if _WEBHOOK.fullmatch(path) and not wants_html(scope, path):  # the webhook's first paths
