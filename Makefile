@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
 
-.PHONY: demo test peers crash lint bench docs format clean
+.PHONY: demo test peers chromium crash lint bench docs format clean
 
 LINT_PATHS := $(wildcard src tests bench notebooks)
 
@@ -32,7 +32,15 @@ demo: $(VENV)/.deps
 peers: $(VENV)/.dev
 	$(BIN)/python tests/integrations/peers/fetch.py .peers
 
-test: $(VENV)/.dev peers
+# The console's browser tests drive Debian's chromium package through Playwright for Python
+# (executable_path, never `playwright install`); installed here when it is not on PATH yet.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		$(SUDO) apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium; }
+
+test: $(VENV)/.dev peers chromium
 	$(BIN)/python -m pytest
 
 # The long crash run (opt-in): every crash test with CRASH_SCALE times its kills; at the

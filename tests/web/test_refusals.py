@@ -147,8 +147,7 @@ def test_without_a_token_every_request_is_401_even_where_no_route_matches(
     decision = f"/approvals/{approval_id}/decision"
     cases = [
         ("GET", "/nope", None, 404),
-        ("GET", "/docs", None, 404),
-        ("GET", "/openapi.json", None, 404),
+        ("GET", "/api/nope", None, 404),
         ("POST", "/approvals", None, 405),
         ("DELETE", f"/approvals/{approval_id}", None, 405),
         ("POST", decision, b"{not json", 422),
@@ -165,6 +164,9 @@ def test_without_a_token_every_request_is_401_even_where_no_route_matches(
         response = client.request(method, path, content=body, headers=auth(ALICE))
         assert response.status_code == with_token, (method, path, response.text[:200])
         assert set(response.json()) == {"error", "detail"}
+    for path in ("/docs", "/openapi.json", "/api/runs", "/runs"):  # the documentation and the console
+        assert client.get(path).status_code == 401
+        assert client.get(path, headers=auth(ALICE)).status_code == 200
     assert client.get("/health").json() == {"ok": True}
     assert engine.store.approval(approval_id).status == "pending"
 

@@ -125,9 +125,11 @@ def test_without_a_valid_token_nothing_is_shown_or_decided(setup: tuple[Engine, 
             assert response.json()["error"] == "Unauthorized"
         broken = client.post(decision, content=b"{not json", headers=headers)
         assert broken.status_code == 401  # a stranger's bad body is not even read
-    for path in ("/docs", "/redoc", "/openapi.json"):  # no schema, and a stranger cannot even tell
+    for path in ("/docs", "/redoc", "/openapi.json"):  # a stranger cannot even tell what is documented
         assert client.get(path).status_code == 401
-        assert client.get(path, headers=auth(ALICE)).status_code == 404
+    assert client.get("/docs", headers=auth(ALICE)).status_code == 200
+    assert client.get("/openapi.json", headers=auth(ALICE)).json()["paths"]
+    assert client.get("/redoc", headers=auth(ALICE)).status_code == 404
     assert client.get("/health").json() == {"ok": True}
     assert engine.store.approval(ask.approval_id).status == "pending"
 

@@ -269,13 +269,17 @@ class ContextStore(ABC):
             SessionOwnerError: ``owner`` is given and the session is not theirs; nothing was read.
             InvalidInputError: a malformed argument.
         """
+        from statekeep import tracing
         from statekeep.context.builder import build
 
         counter = check_counter(counter) if counter is not None else self.counter
         if not isinstance(compact, bool):
             raise InvalidInputError("must be True or False", field="compact")
         owner = check_owner(owner)
-        return build(self, session_id, budget, system, pinned, memories, compact, counter, owner)
+        with tracing.span("context.build") as span:
+            built = build(self, session_id, budget, system, pinned, memories, compact, counter, owner)
+            tracing.context_built(span, built.report)
+        return built
 
     # --- summaries and retention ---------------------------------------------------------
 

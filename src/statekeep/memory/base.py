@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from statekeep import tracing
 from statekeep.errors import ConflictError, InvalidInputError, MemoryNotFoundError
 from statekeep.memory import _check, _dedupe
 from statekeep.memory._types import (
@@ -244,7 +245,8 @@ class MemoryStore(ABC):
         Raises:
             InvalidInputError: an item is invalid; nothing was written.
         """
-        return self._write(owner, items, dedupe=True)
+        with tracing.span("memory.write", {"statekeep.memory.backend": self.backend}):
+            return self._write(owner, items, dedupe=True)
 
     def supersede(
         self,
@@ -280,7 +282,8 @@ class MemoryStore(ABC):
             expires_at,
             old.key,
         )
-        return self._write(owner, [item], dedupe=False, supersedes=old.id)[0]
+        with tracing.span("memory.write", {"statekeep.memory.backend": self.backend}):
+            return self._write(owner, [item], dedupe=False, supersedes=old.id)[0]
 
     def _write(
         self, owner: str, items: Sequence[MemoryInput | str], *, dedupe: bool, supersedes: str | None = None
@@ -426,12 +429,21 @@ class MemoryStore(ABC):
         if mode not in ("vector", "hybrid"):
             raise InvalidInputError("must be 'vector' or 'hybrid'", field="mode")
         filters = _check.check_filters(kinds, tags, since, until, sources, min_trust, include_merged)
-        vec = self._query_vector(query, vector)
-        now = self.now()
-        pool = k if mode == "vector" else max(k * 4, 20)
-        if mode == "vector":
-            return self._nearest(owner, vec, pool, filters, now)[:k]
-        return fuse(list(self._hybrid(owner, vec, query, pool, filters, now)), k)
+        attributes = {
+            "statekeep.memory.backend": self.backend,
+            "statekeep.memory.k": k,
+            "statekeep.memory.mode": mode,
+        }
+        with tracing.span("memory.search", attributes) as span:
+            vec = self._query_vector(query, vector)
+            now = self.now()
+            pool = k if mode == "vector" else max(k * 4, 20)
+            if mode == "vector":
+                hits = self._nearest(owner, vec, pool, filters, now)[:k]
+            else:
+                hits = fuse(list(self._hybrid(owner, vec, query, pool, filters, now)), k)
+            span.set_attribute("statekeep.memory.results", len(hits))
+            return hits
 
     def _query_vector(self, query: str, vector: Sequence[float] | None) -> Vectors:
         if vector is None:

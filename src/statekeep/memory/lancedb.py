@@ -137,6 +137,9 @@ class LanceDBMemoryStore(base.MemoryStore):
         embedder: defaults to all-MiniLM-L6-v2.
         exact_below: searches whose filter leaves at most this many rows are exact.
         nprobes: IVF partitions probed by an approximate search.
+        read_only: open for reading only, without the writer lock (LanceDB readers are
+            safe beside one writer), so searches and exports work while a worker writes;
+            every read sees the latest committed version. The folder must hold memories.
     """
 
     backend = "lancedb"
@@ -148,6 +151,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         *,
         exact_below: int = 20_000,
         nprobes: int = 32,
+        read_only: bool = False,
         **kw: Any,
     ) -> None:
         super().__init__(embedder, **kw)
@@ -158,21 +162,40 @@ class LanceDBMemoryStore(base.MemoryStore):
         if not isinstance(path, str | PathLike) or not str(path).strip() or "\x00" in str(path):
             raise InvalidInputError("must be a folder path (a non-empty string without NUL)", field="path")
         self.path = Path(path)
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(
-                "STATEKEEP_MEMORY_URL", str(path), f"cannot create folder: {exc.strerror}"
-            ) from exc
-        self._lock = _lock.FolderLock(self.path)
+        self.read_only = read_only
         self.exact_below = exact_below
         self.nprobes = nprobes
-        self._db = lancedb.connect(str(self.path))
-        self._table = self._open_table()
-        # this store is the only writer (the folder lock), so in-process caches stay true
+        self._lock: _lock.FolderLock | None = None
+        if read_only:  # nothing is created, no lock is taken, and every read sees the latest version
+            missing = ConfigError(
+                "STATEKEEP_MEMORY_URL", str(path), "no memories there (nothing was created)"
+            )
+            if not (self.path / f"{TABLE}.lance").is_dir():  # before connecting, which makes the folder
+                raise missing
+            self._db = lancedb.connect(str(self.path), read_consistency_interval=timedelta(0))
+            if TABLE not in self._db.list_tables().tables:
+                raise missing
+            self._table: Any = self._db.open_table(TABLE)
+            if "seq" not in self._table.schema.names:
+                raise ConfigError(
+                    "STATEKEEP_MEMORY_URL",
+                    str(path),
+                    "written by an older statekeep: open it for writing once",
+                )
+        else:
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(
+                    "STATEKEEP_MEMORY_URL", str(path), f"cannot create folder: {exc.strerror}"
+                ) from exc
+            self._lock = _lock.FolderLock(self.path)
+            self._db = lancedb.connect(str(self.path))
+            self._table = self._open_table()
+        # a writer is the only writer (the folder lock), so its in-process caches stay true
         self._owner_rows: dict[str, int] = {}
         self._indexed = self._has_vector_index()
-        self._next_seq = self._max_seq() + 1
+        self._next_seq = 0 if read_only else self._max_seq() + 1
 
     def _open_table(self) -> Any:
         if TABLE in self._db.list_tables().tables:
@@ -224,11 +247,17 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     def close(self) -> None:
         """Release the folder lock."""
-        self._lock.release()
+        if self._lock is not None:
+            self._lock.release()
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise InvalidInputError("this memory store was opened read-only", field="read_only")
 
     # --- writes ---------------------------------------------------------------------------
 
     def _insert(self, memories: list[Memory], vectors: Vectors) -> list[Memory]:
+        self._writable()
         if self._dimension != vectors.shape[1]:
             self._resize(vectors.shape[1])
         # the folder lock makes this store the only writer: its counter is the table's order
@@ -250,6 +279,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         return found
 
     def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
+        self._writable()
         self._table.update(where=where(owner, id=memory_id), values={"superseded_by": successor})
 
     def optimize(self, *, min_rows_for_index: int = 10_000) -> None:
@@ -259,6 +289,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         """
         from lancedb.index import BTree, IvfHnswSq
 
+        self._writable()
         self._table.optimize()
         names = {ix.name for ix in self._table.list_indices()}
         rows = self._table.count_rows()
@@ -275,7 +306,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         return any(ix.name == "vector_idx" for ix in self._table.list_indices())
 
     def _rows_of(self, owner: str) -> int:
-        if owner not in self._owner_rows:
+        if self.read_only or owner not in self._owner_rows:  # another process writes: never cached
             self._owner_rows[owner] = int(self._table.count_rows(where(owner)))
         return self._owner_rows[owner]
 
@@ -339,6 +370,7 @@ class LanceDBMemoryStore(base.MemoryStore):
     # --- erasure --------------------------------------------------------------------------
 
     def _erase(self, owner: str, ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
+        self._writable()
         clause = where(owner) if ids is None else f"{where(owner)} AND {_in('id', ids)}"
         removed = [r["id"] for r in self._rows(clause, ["id"])]
         if removed:
@@ -372,6 +404,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         self._indexed = self._has_vector_index()
 
     def _purge(self, now: datetime) -> int:
+        self._writable()
         clause = f"expires_us IS NOT NULL AND expires_us <= {to_us(now)}"
         count = int(self._table.count_rows(clause))
         if count:
@@ -389,6 +422,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         return [(r["owner"], r["id"], r["content"]) for r in q.limit(limit).to_list()]
 
     def _set_vectors(self, model: str, keys: list[tuple[str, str]], vectors: Vectors) -> None:
+        self._writable()
         if self._dimension != vectors.shape[1]:
             self._resize(vectors.shape[1])
         by_id = {mid: vectors[i] for i, (_, mid) in enumerate(keys)}

@@ -24,6 +24,8 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from statekeep import tracing
+from statekeep._inspect import context_record
 from statekeep.context import ContextStore, Event, MemoryItem, Message, ToolCall, to_openai
 from statekeep.errors import (
     AgentError,
@@ -167,6 +169,7 @@ class AgentSteps:
         key = f"{ctx.run_id}/model-{turn}"
         logged = self.context.find(state.session_id, key, owner=state.owner)
         usage: dict[str, int] | None = None
+        sent: dict[str, Any] | None = None  # the context the call was sent, for people to see (the console)
         if logged is None:  # else the model answered before a crash: it is not paid for twice
             memories = self._memories(state, agent)
             built = self.context.build(
@@ -179,11 +182,16 @@ class AgentSteps:
             )
             specs = [t.spec for t in agent.tools]
             try:
-                response = self._complete(ctx.run_id, turn, to_openai(built.messages), specs)
+                with tracing.model_call(self.model.name) as span:
+                    response = self._complete(ctx.run_id, turn, to_openai(built.messages), specs)
+                    tracing.model_answered(
+                        span, response.input_tokens, response.output_tokens, len(response.tool_calls)
+                    )
             except _INFRASTRUCTURE:
                 raise
             except Exception as exc:
                 return {"failed": self._failure(agent, exc, attempt)}
+            sent = context_record(built, memory_k=agent.memory_k)
             calls = [ToolCall(c.id, c.name, c.arguments) for c in response.tool_calls]
             logged = self._append(state, Message.assistant(response.content or "", tool_calls=calls), key)
             usage = response.usage
@@ -200,6 +208,8 @@ class AgentSteps:
         }
         if usage is not None:
             out["usage"] = usage
+        if sent is not None:
+            out["context"] = sent
         return out
 
     def _failure(self, agent: Agent, exc: Exception, attempt: int) -> dict[str, Any]:

@@ -1,13 +1,22 @@
-"""The approval webhook: people (or a chat bot acting for them) decide gated runs over HTTP.
+"""The web console and its API: people look at runs and memories, and decide gated calls, over HTTP.
 
-Every request but ``/health`` carries ``Authorization: Bearer <token>``, checked
-before anything else: without a valid token every request is a 401, whatever its
-path, method or body. The token names the person, and that name, never one from
-the request body, is what a decision records as ``decided_by``. A token may be
+Every request but ``/health``, the login page and the style sheet needs a
+person's token, checked before routing: as ``Authorization: Bearer <token>``
+(the API, a chat bot), or as the cookie the login page sets (a browser). Without
+one, an API request is a 401 whatever its path, method or body, and a page is a
+redirect to the login. The token names the person, and that name, never one
+from the request, is what a decision records as ``decided_by``. A token may be
 limited to some gates (approval actions) and to some owners (the owner a
-:class:`~statekeep.runtime.Runtime` agent run was started for); outside its scope
-it lists nothing, and reading or deciding is a 403. Bodies are capped (64 KiB by
-default): a longer one is a 413, refused before it is read.
+:class:`~statekeep.runtime.Runtime` agent run was started for); outside its
+scope it lists nothing, and reading or deciding is a 403. Bodies are capped
+(64 KiB by default): a longer one is a 413, refused before it is read.
+
+The JSON API lives under ``/api`` and is documented at ``/docs`` (the OpenAPI
+document at ``/openapi.json``); the pages (:mod:`statekeep.web.pages`) are
+rendered on the server from the same functions, and work without JavaScript.
+The approval webhook's first paths (``/approvals``, ``/approvals/{id}``,
+``/approvals/{id}/decision``, ``/runs/{id}``) still answer JSON to clients that
+do not ask for HTML.
 
 Decisions make the run runnable; a worker resumes it. Endpoints are plain ``def``
 functions: FastAPI runs them in its thread pool, so the blocking store calls never
@@ -16,197 +25,59 @@ stall the event loop.
 
 # No ``from __future__ import annotations``: FastAPI reads the endpoints' annotations,
 # which name dependencies local to create_app.
-import hashlib
-import hmac
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Annotated, Any
 
 from statekeep._extras import requires
 from statekeep._json import MAX_DEPTH, parse
-from statekeep._text import check_id
 from statekeep.errors import (
     ApprovalDecidedError,
     ApprovalExpiredError,
-    ConfigError,
     InvalidInputError,
+    MemoryLockedError,
     NotFoundError,
     StatekeepError,
     StorageError,
 )
-from statekeep.workflow import Approval, Run, RunStatus, WorkflowStore
+from statekeep.web.access import COOKIE, DEFAULT_MAX_BODY, Access, Grant, check_max_body
+from statekeep.web.api import Api, ApprovalOut, Decision, RunOut
+from statekeep.web.stores import Stores
+from statekeep.workflow import WorkflowStore
 
-with requires("web", "the approval webhook"):
-    from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+with requires("web", "the web console"):
+    from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
-    from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from pydantic import ValidationError
     from starlette.datastructures import Headers
     from starlette.exceptions import HTTPException as StarletteHTTPException
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-MIN_TOKEN_LENGTH = 16
-#: The largest request body the webhook reads, unless ``create_app(max_body=...)`` says otherwise.
-DEFAULT_MAX_BODY = 64 * 1024
-_TOKEN = re.compile(rf"[!-~]{{{MIN_TOKEN_LENGTH},}}")
-_SCOPES = ("gates", "owners")
 _NEED_TOKEN = "a valid bearer token is required"
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 _TOO_LARGE = "Content Too Large"  # RFC 9110's name; Python's HTTPStatus says "Request Entity Too Large"
 _GRANT = "statekeep.grant"  # the ASGI scope key the guard leaves the caller's grant under
 _UNAVAILABLE = "the database failed or cannot be reached; the server log says more"
 _FAILED = "the request failed; the server log says more"
+#: Paths anyone may reach: the login page and what it needs, and liveness.
+_OPEN = re.compile(r"/(health|login|static/[\w.-]+|favicon\.ico)")
+#: The approval webhook's paths from before /api: JSON for clients that do not ask for HTML.
+_WEBHOOK = re.compile(r"/(approvals(/[^/]+(/decision)?)?|runs/[^/]+)")
 log = logging.getLogger("statekeep.web")
 
 #: HTTP status for each statekeep error a request can meet; anything else is a 500.
-_STATUS: list[tuple[type[StatekeepError], int]] = [
+STATUS: list[tuple[type[StatekeepError], int]] = [
     (NotFoundError, 404),
     (ApprovalDecidedError, 409),
+    (MemoryLockedError, 409),
     (ApprovalExpiredError, 410),
     (InvalidInputError, 422),
     (StorageError, 503),
 ]
-
-
-class Decision(BaseModel):
-    """A person's decision on one approval. Who decides comes from the token, not from here."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    approve: StrictBool
-    comment: str | None = Field(default=None, max_length=10_000)
-    result: Any = Field(
-        default=None,
-        description="For a rejected ambiguous call: the output the call had (it did happen).",
-    )
-
-
-class ApprovalOut(BaseModel):
-    """An approval as the webhook shows it (read from a :class:`~statekeep.workflow.Approval`)."""
-
-    model_config = ConfigDict(from_attributes=True)
-
-    approval_id: str
-    run_id: str
-    kind: str
-    action: str
-    args: dict[str, Any]
-    reason: str
-    status: str
-    created_at: datetime
-    expires_at: datetime | None
-    decided_by: str | None
-    decided_at: datetime | None
-    comment: str | None
-    result: Any
-
-
-class RunOut(BaseModel):
-    """A run's progress: enough to see whether it waits, runs or finished, and why."""
-
-    model_config = ConfigDict(from_attributes=True)
-
-    run_id: str
-    workflow: str
-    version: int
-    status: RunStatus
-    error: str | None
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
-    waiting: dict[str, Any] | None
-
-
-@dataclass(frozen=True)
-class Grant:
-    """What one bearer token allows: who it names, and the gates and owners it is limited to.
-
-    ``None`` means no limit; a set limits the token to approvals whose action is
-    one of ``gates`` and (both, when both are set) whose run's owner is one of ``owners``.
-    """
-
-    identity: str
-    gates: frozenset[str] | None = None
-    owners: frozenset[str] | None = None
-
-    @property
-    def scoped(self) -> bool:
-        return self.gates is not None or self.owners is not None
-
-    def allows(self, action: str, owner: str | None) -> bool:
-        """True if an approval of ``action``, in a run of ``owner`` (None: no owner), is in scope."""
-        if self.gates is not None and action not in self.gates:
-            return False
-        return self.owners is None or (owner is not None and owner in self.owners)
-
-
-def _check_tokens(tokens: Mapping[str, Any]) -> list[tuple[str, Grant]]:
-    """(token, grant) pairs: identities storable, tokens long, printable and distinct, scopes sound."""
-    if not isinstance(tokens, Mapping) or not tokens:
-        raise ConfigError("tokens", "{}", "name at least one person and their token")
-    checked: list[tuple[str, Grant]] = []
-    for identity, entry in tokens.items():
-        try:
-            if not isinstance(identity, str) or not identity.strip():
-                raise InvalidInputError("must be a non-empty string")
-            check_id(identity, "identity")
-        except InvalidInputError as exc:
-            raise ConfigError("tokens", repr(identity), f"an identity {exc}") from None
-        token, scope = _entry(identity, entry)
-        if not isinstance(token, str) or not _TOKEN.fullmatch(token):
-            raise ConfigError(
-                "tokens",
-                identity,
-                f"the token must be at least {MIN_TOKEN_LENGTH} printable ASCII characters, no spaces",
-            )
-        checked.append((token, Grant(identity, **scope)))
-    if len({token for token, _ in checked}) != len(checked):
-        raise ConfigError("tokens", "(tokens)", "two identities share a token; each needs its own")
-    return checked
-
-
-def _entry(identity: str, entry: object) -> tuple[object, dict[str, frozenset[str]]]:
-    """A token entry: the token itself, or ``{"token": ..., "gates": [...], "owners": [...]}``."""
-    if not isinstance(entry, Mapping):
-        return entry, {}
-    if "token" not in entry:
-        raise ConfigError(
-            "tokens", identity, 'give a token, or {"token": ..., "gates": [...], "owners": [...]}'
-        )
-    unknown = sorted(str(k) for k in entry if k not in ("token", *_SCOPES))
-    if unknown:
-        raise ConfigError(
-            "tokens", identity, f"unknown key {unknown[0]!r}; a token entry has token, {_SCOPES}"
-        )
-    scope: dict[str, frozenset[str]] = {}
-    for name in _SCOPES:
-        if name not in entry:
-            continue
-        values = entry[name]
-        if not isinstance(values, list | tuple) or not values:
-            raise ConfigError(
-                "tokens", identity, f"{name} must be a non-empty list of names (leave it out for no limit)"
-            )
-        try:
-            scope[name] = frozenset(check_id(v, name) for v in values)
-        except InvalidInputError as exc:
-            raise ConfigError("tokens", identity, f"{name}: every entry {exc}") from None
-    return entry["token"], scope
-
-
-def _check_max_body(max_body: object) -> int:
-    if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
-        raise ConfigError("max_body", repr(max_body), "must be a whole number of bytes, at least 1")
-    return max_body
-
-
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode("latin-1", "replace")).digest()
 
 
 class _JSON(JSONResponse):
@@ -214,24 +85,17 @@ class _JSON(JSONResponse):
     stored before it was refused) is shown escaped, as it is stored, instead of failing the answer."""
 
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+        return json.dumps(content, allow_nan=False, separators=(",", ":"), default=str).encode("ascii")
 
 
 def _error(status: int, error: str, detail: str, headers: Mapping[str, str] | None = None) -> _JSON:
     return _JSON({"error": error, "detail": detail}, status_code=status, headers=dict(headers or {}))
 
 
-def _owner(run: Run) -> str | None:
-    """The owner a Runtime agent run was started for; None for any other workflow's run.
-
-    The workflow store keeps no owner: a :class:`~statekeep.runtime.Runtime` runs
-    an agent as the workflow ``agent.<name>`` with the input ``(owner, session_id,
-    task)``, and that first argument is the owner.
-    """
-    args = (run.input or {}).get("args") if isinstance(run.input, dict) else None
-    if run.workflow.startswith("agent.") and isinstance(args, list) and args and isinstance(args[0], str):
-        return args[0]
-    return None
+def wants_html(scope: Scope, path: str) -> bool:
+    """A browser asking for a page (not the API): it gets pages, redirects and HTML errors."""
+    accept = Headers(scope=scope).get("accept", "")
+    return "text/html" in accept and not path.startswith("/api/") and path != "/api"
 
 
 class _BodyTooLarge(StarletteHTTPException):
@@ -240,25 +104,39 @@ class _BodyTooLarge(StarletteHTTPException):
 
 
 class _Guard:
-    """Before any route: a valid token (else 401), and a body within the limit (else 413).
+    """Before any route: a valid token or login (else 401, or the login page), a body within the limit.
 
     A stranger's request is answered without reading its body or matching its
     path. A declared length over the limit is refused at once; a body sent without
     one is counted as it is read, and refused when it passes the limit.
     """
 
-    def __init__(self, app: ASGIApp, identify: Callable[[str | None], Grant | None], max_body: int) -> None:
+    def __init__(self, app: ASGIApp, access: Access, max_body: int) -> None:
         self.app = app
-        self.identify = identify
+        self.access = access
         self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"].removeprefix(scope.get("root_path", "")) == "/health":
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        root = scope.get("root_path", "")
+        path = scope["path"].removeprefix(root) or "/"
+        if _OPEN.fullmatch(path):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        grant = self.identify(headers.get("authorization"))
+        grant = self.access.by_header(headers.get("authorization"))
+        by_cookie = grant is None and "authorization" not in headers
+        if by_cookie:
+            grant = self.access.by_cookie(_cookie(headers.get("cookie", ""), COOKIE))
         if grant is None:
+            if wants_html(scope, path) and scope["method"] in ("GET", "HEAD"):
+                query = scope.get("query_string", b"").decode("latin-1")
+                back = path + (f"?{query}" if query else "")
+                target = f"{root}/login?next={_quote(back)}" if back != "/" else f"{root}/login"
+                await _redirect(target)(scope, receive, send)
+                return
             await _error(401, "Unauthorized", _NEED_TOKEN, _CHALLENGE)(scope, receive, send)
             return
         length = headers.get("content-length")
@@ -268,7 +146,17 @@ class _Guard:
             detail = _BodyTooLarge(self.max_body).detail if too_large else "Content-Length is not a number"
             await _error(status, error, detail)(scope, receive, send)
             return
+        api = path.startswith("/api/") or (
+            _WEBHOOK.fullmatch(path) is not None and not wants_html(scope, path)
+        )
+        if by_cookie and api and scope["method"] not in ("GET", "HEAD"):
+            # the pages change things through their own forms, which carry a CSRF field
+            detail = "the API changes nothing for a login cookie: send the bearer token"
+            await _error(403, "Forbidden", detail)(scope, receive, send)
+            return
         scope[_GRANT] = grant
+        if _WEBHOOK.fullmatch(path) and not wants_html(scope, path):  # the webhook's first paths
+            scope = {**scope, "path": f"{root}/api{path}", "raw_path": f"{root}/api{path}".encode()}
         read = 0
 
         async def capped() -> Message:
@@ -283,17 +171,59 @@ class _Guard:
         await self.app(scope, capped, send)
 
 
-def create_app(
-    store: WorkflowStore, *, tokens: Mapping[str, str | Mapping[str, Any]], max_body: int = DEFAULT_MAX_BODY
-) -> FastAPI:
-    """The webhook over ``store``; ``tokens`` maps each person's identity to their bearer token.
+def _cookie(header: str, name: str) -> str | None:
+    for part in header.split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name:
+            return value
+    return None
 
-    A token is a string (it may list, read and decide every approval of the
+
+def _quote(path: str) -> str:
+    from urllib.parse import quote
+
+    return quote(path, safe="")
+
+
+def _redirect(url: str) -> PlainTextResponse:
+    return PlainTextResponse("see the login page", status_code=303, headers={"Location": url})
+
+
+def caller(request: Request) -> Grant:
+    """The grant the guard found for this request."""
+    grant = request.scope.get(_GRANT)
+    if not isinstance(grant, Grant):  # the guard lets no request through without one
+        raise HTTPException(401, _NEED_TOKEN, _CHALLENGE)
+    return grant
+
+
+def check_config(tokens: Mapping[str, Any], max_body: int = DEFAULT_MAX_BODY) -> None:
+    """Check the tokens and body limit as :func:`create_app` would, before opening any store.
+
+    Raises:
+        ConfigError: see :func:`create_app`.
+    """
+    Access(tokens)
+    check_max_body(max_body)
+
+
+def create_app(
+    store: WorkflowStore,
+    *,
+    tokens: Mapping[str, str | Mapping[str, Any]],
+    max_body: int = DEFAULT_MAX_BODY,
+    stores: Stores | None = None,
+) -> FastAPI:
+    """The console and API over ``store``; ``tokens`` maps each person's identity to their bearer token.
+
+    A token is a string (it may list, read and decide everything of the
     store), or ``{"token": ..., "gates": [...], "owners": [...]}`` to limit it to
-    approvals of those actions and of runs of those owners (either key may be
-    left out: no limit on that side). An owner is the one a Runtime agent run was
-    started for; runs of other workflows have no owner, so an owner-limited token
-    never sees them. Bodies longer than ``max_body`` bytes are refused (413).
+    approvals of those actions and to runs and memories of those owners (either
+    key may be left out: no limit on that side). An owner is the one a Runtime
+    agent run was started for; runs of other workflows have no owner, so an
+    owner-limited token never sees them. Bodies longer than ``max_body`` bytes
+    are refused (413). ``stores`` adds working-state versions and memory to the
+    console (:meth:`Stores.open`); without it, runs and approvals are shown.
     Run one app per store.
 
     Raises:
@@ -303,24 +233,9 @@ def create_app(
     """
     if not isinstance(store, WorkflowStore):
         raise InvalidInputError("must be a WorkflowStore", field="store")
-    by_digest = [(_digest(token), grant) for token, grant in _check_tokens(tokens)]
-    limit = _check_max_body(max_body)
-
-    def identify(authorization: str | None) -> Grant | None:
-        """The grant of the token the header carries, or None."""
-        scheme, _, presented = (authorization or "").partition(" ")
-        digest = _digest(presented.strip() if scheme.lower() == "bearer" else "")
-        found = None
-        for known, grant in by_digest:  # fixed-length digests, every one compared: timing says nothing
-            if hmac.compare_digest(known, digest):
-                found = grant
-        return found
-
-    def caller(request: Request) -> Grant:
-        grant = request.scope.get(_GRANT)
-        if not isinstance(grant, Grant):  # the guard lets no request through without one
-            raise HTTPException(401, _NEED_TOKEN, _CHALLENGE)
-        return grant
+    access = Access(tokens)
+    limit = check_max_body(max_body)
+    api = Api(stores if stores is not None else Stores(store), access)
 
     async def decision_body(request: Request) -> Decision:
         """The body, decoded with its depth checked first: json.loads never meets a nesting it cannot take."""
@@ -333,119 +248,181 @@ def create_app(
     Caller = Annotated[Grant, Depends(caller)]
     Body = Annotated[Decision, Depends(decision_body)]
     app = FastAPI(
-        title="statekeep approvals",
+        title="statekeep console API",
         version="1",
+        description="Runs, approvals and memories of a statekeep deployment. Every request needs "
+        "`Authorization: Bearer <token>` (or the console's login cookie).",
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",
         default_response_class=_JSON,
     )
-    app.add_middleware(_Guard, identify=identify, max_body=limit)
-    api = APIRouter(dependencies=[Depends(caller)])
-
-    def owners_of(grant: Grant) -> Callable[[str], str | None]:
-        """Each run's owner, read once per request (only when the grant is limited to owners)."""
-        known: dict[str, str | None] = {}
-
-        def owner(run_id: str) -> str | None:
-            if grant.owners is None:
-                return None
-            if run_id not in known:
-                known[run_id] = _owner(store.get(run_id))
-            return known[run_id]
-
-        return owner
-
-    def allowed(grant: Grant, approval: Approval, owner: Callable[[str], str | None]) -> bool:
-        return not grant.scoped or grant.allows(approval.action, owner(approval.run_id))
-
-    def in_scope(grant: Grant, approval: Approval) -> Approval:
-        if not allowed(grant, approval, owners_of(grant)):
-            raise HTTPException(
-                403, f"approval {approval.approval_id!r} ({approval.action!r}) is outside this token's scope"
-            )
-        return approval
-
-    def out(approval: Approval) -> dict[str, Any]:
-        return ApprovalOut.model_validate(approval).model_dump(mode="json")
+    app.add_middleware(_Guard, access=access, max_body=limit)
+    app.state.api = api
+    router = APIRouter(prefix="/api", dependencies=[Depends(caller)])
 
     @app.exception_handler(StatekeepError)
-    def _statekeep_error(request: Request, exc: StatekeepError) -> _JSON:
-        status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
+    def _statekeep_error(request: Request, exc: StatekeepError) -> Any:
+        status = next((code for kind, code in STATUS if isinstance(exc, kind)), 500)
         if status >= 500:  # the message may name the database; it goes to the log, not the client
             log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
-            return _error(status, type(exc).__name__, _UNAVAILABLE if status == 503 else _FAILED)
-        return _error(status, type(exc).__name__, str(exc))
+            detail = _UNAVAILABLE if status == 503 else _FAILED
+        else:
+            detail = str(exc)
+        return _answer(request, status, type(exc).__name__, detail)
 
     @app.exception_handler(StarletteHTTPException)
-    def _http_error(request: Request, exc: StarletteHTTPException) -> _JSON:
+    def _http_error(request: Request, exc: StarletteHTTPException) -> Any:
         error = _TOO_LARGE if exc.status_code == 413 else HTTPStatus(exc.status_code).phrase
-        return _error(exc.status_code, error, str(exc.detail), exc.headers)
+        return _answer(request, exc.status_code, error, str(exc.detail), exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    def _invalid(request: Request, exc: RequestValidationError) -> _JSON:
+    def _invalid(request: Request, exc: RequestValidationError) -> Any:
         detail = "; ".join(".".join(str(p) for p in e["loc"]) + f": {e['msg']}" for e in exc.errors())
-        return _error(422, "InvalidInputError", detail)
+        return _answer(request, 422, "InvalidInputError", detail)
 
     @app.exception_handler(Exception)
-    def _unexpected(request: Request, exc: Exception) -> _JSON:
+    def _unexpected(request: Request, exc: Exception) -> Any:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return _error(500, type(exc).__name__, _FAILED)
+        return _answer(request, 500, type(exc).__name__, _FAILED)
 
-    @app.get("/health")
+    def _answer(
+        request: Request, status: int, error: str, detail: str, headers: Mapping[str, str] | None = None
+    ) -> Any:
+        root = request.scope.get("root_path", "")
+        if wants_html(request.scope, request.url.path.removeprefix(root)):
+            from statekeep.web.pages import error_page
+
+            return error_page(request, status, error, detail, headers)
+        return _error(status, error, detail, headers)
+
+    @app.get("/health", include_in_schema=False)
     def health() -> dict[str, bool]:
         """Liveness, without a token: the process answers."""
         return {"ok": True}
 
-    @api.get("/approvals")
+    # --- runs -------------------------------------------------------------------------------
+
+    @router.get("/me", summary="Who the token names, and its scope")
+    def me(who: Caller) -> _JSON:
+        return _JSON({"identity": who.identity, "scope": who.describe()})
+
+    @router.get("/runs", summary="Runs, newest first, a page at a time, with counts per status")
+    def list_runs(
+        who: Caller,
+        status: Annotated[str | None, Query(description="Only runs in this status.")] = None,
+        workflow: Annotated[
+            str | None, Query(description="Only runs of this workflow (agent.<name>).")
+        ] = None,
+        owner: Annotated[str | None, Query(description="Only the agent runs of this owner.")] = None,
+        q: Annotated[str | None, Query(description="Text in the run's id, workflow, input or error.")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000, description="Runs per page.")] = 25,
+        offset: Annotated[int, Query(ge=0, description="Skip this many newer runs.")] = 0,
+    ) -> _JSON:
+        page = api.runs(who, status=status, workflow=workflow, owner=owner, q=q, limit=limit, offset=offset)
+        return _JSON(page.model_dump(mode="json"))
+
+    @router.get("/runs/{run_id:path}/timeline", summary="What the run did, in order")
+    def get_timeline(run_id: str, who: Caller) -> _JSON:
+        """Steps, model calls, tool calls (idempotency key, ledger status), retries, waits,
+        approvals and child runs."""
+        return _JSON([e.model_dump(mode="json") for e in api.timeline(who, run_id)])
+
+    @router.get("/runs/{run_id:path}/model-calls", summary="Each model call: the exact context it was sent")
+    def get_model_calls(run_id: str, who: Caller) -> _JSON:
+        """Each model call's context as the builder produced it (sections, their tokens and
+        messages), its answer and its token usage."""
+        return _JSON([c.model_dump(mode="json") for c in api.model_calls(who, run_id)])
+
+    @router.get("/runs/{run_id:path}/states", summary="The run's working-state versions")
+    def get_states(run_id: str, who: Caller) -> _JSON:
+        return _JSON([s.model_dump(mode="json") for s in api.states(who, run_id)])
+
+    @router.get("/runs/{run_id:path}/states/diff", summary="A diff between two working-state versions")
+    def get_state_diff(
+        run_id: str,
+        who: Caller,
+        a: Annotated[int, Query(ge=1, description="The version to compare from.")],
+        b: Annotated[int, Query(ge=1, description="The version to compare with.")],
+    ) -> _JSON:
+        return _JSON({"a": a, "b": b, "diff": api.state_diff(who, run_id, a, b)})
+
+    @router.get("/runs/{run_id:path}/states/{version:int}", summary="One working-state version")
+    def get_state(run_id: str, version: int, who: Caller) -> _JSON:
+        return _JSON(api.state(who, run_id, version))
+
+    @router.get("/runs/{run_id:path}", summary="A run: status, owner, token usage, children")
+    def get_run(run_id: str, who: Caller) -> _JSON:
+        """A run's status and what it waits for. A scoped token reads only runs within its scope."""
+        return _JSON(api.run(who, run_id).model_dump(mode="json"))
+
+    # --- approvals ----------------------------------------------------------------------------
+
+    @router.get("/approvals", summary="Approvals, oldest first (pending unless status says otherwise)")
     def list_approvals(
         who: Caller,
-        status: str = "pending",
-        run_id: str | None = None,
-        kind: str | None = None,
-        action: str | None = None,
+        status: Annotated[
+            str, Query(description="pending, approved, rejected, expired, withdrawn or all.")
+        ] = "pending",
+        run_id: Annotated[str | None, Query(description="Only this run's approvals.")] = None,
+        kind: Annotated[str | None, Query(description="gate or ambiguous.")] = None,
+        action: Annotated[str | None, Query(description="Only approvals of this gated action.")] = None,
     ) -> _JSON:
-        """Approvals, oldest first: pending ones unless ``status`` says otherwise (``all`` for every one).
+        """Pending ones unless ``status`` says otherwise (``all`` for every one).
 
         The store checks the filters (a bad status or kind is a 422); a scoped
         token sees only the approvals within its scope.
         """
-        found = store.approvals(
-            status=None if status == "all" else status, run_id=run_id, kind=kind, action=action
-        )
-        owner = owners_of(who)
-        return _JSON([out(a) for a in found if allowed(who, a, owner)])
+        found = api.approvals(who, status=status, run_id=run_id, kind=kind, action=action)
+        return _JSON([a.model_dump(mode="json") for a in found])
 
-    @api.get("/approvals/{approval_id}")
+    @router.get("/approvals/{approval_id}", summary="One approval, decided or not")
     def get_approval(approval_id: str, who: Caller) -> _JSON:
-        """One approval, decided or not (403 outside the token's scope)."""
-        return _JSON(out(in_scope(who, store.approval(approval_id))))
+        """403 outside the token's scope."""
+        return _JSON(api.approval(who, approval_id).model_dump(mode="json"))
 
-    @api.post("/approvals/{approval_id}/decision")
+    @router.post("/approvals/{approval_id}/decision", summary="Approve or reject, as the token's person")
     def decide(approval_id: str, decision: Body, who: Caller) -> _JSON:
         """Record the caller's decision, once: 409 if it was decided, 410 if it expired, 403 out of scope."""
-        in_scope(who, store.approval(approval_id))
-        decided = store.decide(
-            approval_id,
-            approve=decision.approve,
-            by=who.identity,
-            comment=decision.comment,
-            result=decision.result,
+        return _JSON(api.decide(who, approval_id, decision, via="api").model_dump(mode="json"))
+
+    # --- memory -------------------------------------------------------------------------------
+
+    @router.get("/memory/{owner:path}/export", summary="Every memory of an owner, as a JSON document")
+    def export_memories(owner: str, who: Caller) -> Any:
+        from fastapi.responses import Response
+
+        return Response(
+            api.export(who, owner),
+            media_type="application/json",
+            headers={"Content-Disposition": 'attachment; filename="memories.json"'},
         )
-        return _JSON(out(decided))
 
-    @api.get("/runs/{run_id}")
-    def get_run(run_id: str, who: Caller) -> _JSON:
-        """A run's status, so a caller can follow what its decision set going.
+    @router.get("/memory/{owner:path}", summary="An owner's memories, or a search of them")
+    def get_memories(
+        owner: str,
+        who: Caller,
+        q: Annotated[str | None, Query(description="Search by meaning instead of listing.")] = None,
+        k: Annotated[int, Query(ge=1, le=100, description="How many results of a search.")] = 10,
+    ) -> _JSON:
+        return _JSON(api.memories(who, owner, q=q, k=k).model_dump(mode="json"))
 
-        A scoped token reads only runs with an approval within its scope.
-        """
-        run = store.get(run_id)
-        if who.scoped:
-            owner = owners_of(who)
-            if not any(allowed(who, a, owner) for a in store.approvals(status=None, run_id=run_id)):
-                raise HTTPException(403, f"run {run_id!r} has no approval within this token's scope")
-        return _JSON(RunOut.model_validate(run).model_dump(mode="json"))
+    @router.delete("/memory/{owner:path}", summary="Erase an owner's memories (or one), physically")
+    def erase_memories(
+        owner: str,
+        who: Caller,
+        confirm: Annotated[str, Query(description="The owner again: erasure is not undone.")],
+        memory_id: Annotated[str | None, Query(description="Erase only this memory.")] = None,
+    ) -> _JSON:
+        """Returns the erasure receipt. ``confirm`` must repeat the owner; 409 while a worker holds
+        a LanceDB memory folder for writing."""
+        return _JSON(api.erase(who, owner, confirm=confirm, memory_id=memory_id))
 
-    app.include_router(api)
+    app.include_router(router)
+    from statekeep.web import pages
+
+    pages.add_pages(app, api)
     return app
+
+
+__all__ = ["ApprovalOut", "Decision", "RunOut", "Stores", "check_config", "create_app", "wants_html"]

@@ -17,6 +17,7 @@ from statekeep.workflow._types import (
     Reconciliation,
     RetryPolicy,
     Run,
+    RunPage,
     RunStatus,
     StepRecord,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "RetryPolicy",
     "Run",
     "RunContext",
+    "RunPage",
     "RunStatus",
     "RunWrite",
     "SQLWorkflowStore",

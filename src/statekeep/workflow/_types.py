@@ -66,6 +66,8 @@ class Run:
         cursor: The latest context cursor a step committed.
         last_seq: The journal position of the last completed step.
         waiting: What a waiting run waits for (a due time, an event, an approval, a child).
+        trace_context: The W3C trace context (JSON) every attempt of the run continues, if
+            the run was recorded with tracing on.
     """
 
     run_id: str
@@ -85,6 +87,7 @@ class Run:
     cursor: int | None
     last_seq: int
     waiting: dict[str, Any] | None
+    trace_context: str | None = None
 
 
 #: What a journal entry records: a step function, a tool call, a sleep, an event wait, a child run.
@@ -204,6 +207,25 @@ class Approval:
     decided_at: datetime | None
     comment: str | None
     result: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    """One page of runs, newest first (:meth:`WorkflowStore.search_runs`).
+
+    Attributes:
+        runs: The runs of this page.
+        total: How many runs matched every filter (all pages together).
+        offset: How many matching runs come before this page.
+        limit: The page size asked for.
+        counts: Runs per status among those matching every filter but the status one.
+    """
+
+    runs: list[Run]
+    total: int
+    offset: int
+    limit: int
+    counts: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)

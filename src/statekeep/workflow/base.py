@@ -11,6 +11,7 @@ invariants.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
@@ -19,8 +20,18 @@ from typing import Any
 
 import pydantic
 
+from statekeep._numbers import check_int
+from statekeep._text import check_id
 from statekeep.errors import InvalidInputError
-from statekeep.workflow._types import Approval, Checkpoint, LedgerEntry, Run, RunStatus, StepRecord
+from statekeep.workflow._types import (
+    Approval,
+    Checkpoint,
+    LedgerEntry,
+    Run,
+    RunPage,
+    RunStatus,
+    StepRecord,
+)
 from statekeep.working import StateVersion, WorkingStateStore
 
 #: The largest journal position: seq columns are 32-bit integers.
@@ -31,6 +42,9 @@ APPROVAL_STATUSES = ("pending", "approved", "rejected", "expired", "withdrawn")
 
 #: Runs a person or a worker still has to act on.
 LIVE = frozenset(s for s in RunStatus if not s.finished)
+
+#: The largest page :meth:`WorkflowStore.search_runs` returns.
+MAX_PAGE = 1000
 
 #: A staged working state: the validated model and the version record that will store it.
 StagedState = tuple[pydantic.BaseModel, StateVersion]
@@ -53,6 +67,44 @@ def statuses(status: RunStatus | str | Iterable[RunStatus | str]) -> list[RunSta
     except (TypeError, ValueError):
         names = ", ".join(s.value for s in RunStatus)
         raise InvalidInputError(f"must be one or more of {names}", field="status") from None
+
+
+def run_owner(run: Run) -> str | None:
+    """Whose run it is: the owner a :class:`~statekeep.runtime.Runtime` agent run was started for.
+
+    An agent run is the workflow ``agent.<name>`` with the input ``(owner,
+    session_id, task)``; other workflows' runs have no owner (None).
+    """
+    stored = getattr(run, "owner", None)  # a store that records owners in a column of their own
+    if isinstance(stored, str):
+        return stored
+    args = run.input.get("args") if isinstance(run.input, dict) else None
+    if run.workflow.startswith("agent.") and isinstance(args, list) and args and isinstance(args[0], str):
+        return args[0]
+    return None
+
+
+def check_run_filters(
+    owner: str | Iterable[str] | None,
+    text: str | None,
+    run_ids: Iterable[str] | None,
+    limit: int,
+    offset: int,
+) -> tuple[list[str] | None, str | None, list[str] | None]:
+    """The filters of :meth:`WorkflowStore.search_runs`, checked: (owners, text, run ids)."""
+    check_int(limit, "limit", minimum=1, maximum=MAX_PAGE)
+    check_int(offset, "offset")
+    owners = None
+    if owner is not None:
+        owners = (
+            [check_id(owner, "owner")] if isinstance(owner, str) else [check_id(o, "owner") for o in owner]
+        )
+    if text is not None:
+        if not isinstance(text, str):
+            raise InvalidInputError("must be a string or None", field="text")
+        text = check_id(text, "text", 1000) if text.strip() else None
+    ids = None if run_ids is None else [check_id(r, "run_ids") for r in run_ids]
+    return owners, text, ids
 
 
 class RunWrite(ABC):
@@ -180,6 +232,52 @@ class WorkflowStore(ABC):
         limit: int = 1000,
     ) -> list[Run]:
         """Runs filtered by status (a status, its name, or several), workflow name or parent, oldest first."""
+
+    def search_runs(
+        self,
+        *,
+        status: RunStatus | str | Iterable[RunStatus | str] | None = None,
+        workflow: str | None = None,
+        owner: str | Iterable[str] | None = None,
+        text: str | None = None,
+        run_ids: Iterable[str] | None = None,
+        limit: int = 20,
+        offset: int = 0,
+    ) -> RunPage:
+        """A page of runs, newest first, with the total that matched and the count per status.
+
+        ``owner`` (one or several) keeps the runs of those owners (:func:`run_owner`);
+        ``text`` keeps runs whose id, workflow, input or error contains it (any case);
+        ``run_ids`` keeps only those runs. This default reads every run of the
+        workflow; a backend overrides it with queries.
+
+        Raises:
+            InvalidInputError: a malformed filter, ``limit`` not from 1 to 1000, a negative ``offset``.
+        """
+        owners, needle, ids = check_run_filters(owner, text, run_ids, limit, offset)
+        wanted = None if status is None else set(statuses(status))
+        matched = []
+        for run in self.list_runs(workflow=workflow, limit=MAX_SEQ):
+            if owners is not None and run_owner(run) not in owners:
+                continue
+            if ids is not None and run.run_id not in ids:
+                continue
+            if needle is not None:
+                blob = " ".join([run.run_id, run.workflow, run.error or "", json.dumps(run.input)])
+                haystack = blob + json.dumps(run.input, ensure_ascii=False)
+                if needle.casefold() not in haystack.casefold():
+                    continue
+            matched.append(run)
+        counts: dict[str, int] = {}
+        for run in matched:
+            counts[run.status.value] = counts.get(run.status.value, 0) + 1
+        shown = [r for r in matched if wanted is None or r.status in wanted]
+        shown.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
+        return RunPage(shown[offset : offset + limit], len(shown), offset, limit, counts)
+
+    def workflow_names(self) -> list[str]:
+        """The names of the workflows that have runs, sorted."""
+        return sorted({r.workflow for r in self.list_runs(limit=MAX_SEQ)})
 
     @abstractmethod
     def cancel(self, run_id: str) -> Run:
@@ -370,10 +468,13 @@ class WorkflowStore(ABC):
 __all__ = [
     "APPROVAL_STATUSES",
     "LIVE",
+    "MAX_PAGE",
     "MAX_SEQ",
     "RunWrite",
     "StagedState",
     "WorkflowStore",
+    "check_run_filters",
     "now",
+    "run_owner",
     "statuses",
 ]

@@ -10,6 +10,7 @@ import uuid
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
+from statekeep import tracing
 from statekeep._numbers import check_seconds
 from statekeep._text import check_id
 from statekeep.db import Database
@@ -188,6 +189,12 @@ class Engine:
 
     def execute(self, run: Run) -> Run:
         """Execute a run this engine already holds the lease of (a worker's claim)."""
+        with tracing.run_attempt(run, self.owner) as attempt:
+            result = self._execute(run)
+            attempt.done(result)
+            return result
+
+    def _execute(self, run: Run) -> Run:
         workflow = self._resolve(run)
         exe = Execution(self.store, run, workflow, states=self.state_store, children=self)
         with _Heartbeat(self, run):
@@ -239,7 +246,8 @@ class Engine:
         except codec.NotJSONError as exc:
             raise InvalidInputError(f"workflow input is not JSON: {exc}", field="input") from exc
         state = workflow.state
-        return self.store.open_run(
+        start = tracing.RunStart(workflow.name, run_id)
+        opened = self.store.open_run(
             {
                 "run_id": run_id,
                 "workflow": workflow.name,
@@ -253,9 +261,12 @@ class Engine:
                 if state is None
                 else getattr(state, "state_schema", "") or state.__name__,
                 "state_schema_version": None if state is None else getattr(state, "state_version", 1),
+                "trace_context": start.carrier,
             },
             parent=parent,
         )
+        start.stored(opened)
+        return opened
 
     def _take_and_execute(self, run: Run, parent: Run | None = None) -> Run:
         if run.status.finished:

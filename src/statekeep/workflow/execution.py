@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 import pydantic
 
+from statekeep import tracing
 from statekeep.errors import InvalidInputError, NonDeterminismError, StateNotFoundError, StepOutputError
 from statekeep.workflow import codec
 from statekeep.workflow._types import Checkpoint, Run, StepKind, StepRecord
@@ -79,6 +80,7 @@ class Execution:
         self._last_seq = run.last_seq
         self._page: dict[int, StepRecord] = {}
         self._span = range(0)
+        self._written: list[StepRecord] = []  # completions of the open transaction, logged at commit
 
     @property
     def run_id(self) -> str:
@@ -170,8 +172,10 @@ class Execution:
     @contextmanager
     def write(self) -> Iterator[RunWrite]:
         """A fenced transaction of this run (see :meth:`WorkflowStore.fenced`)."""
+        self._written.clear()
         with self.store.fenced(self.run) as tx:
             yield tx
+        tracing.steps_committed(self.run, self._written)
 
     def record(
         self,
@@ -204,6 +208,7 @@ class Execution:
             self._cursor,
         )
         tx.record_step(step)
+        self._written.append(step)
         self._staged, self._cursor = None, None
         if version is not None:  # only read again after this transaction commits
             self._latest = self._state_at = version

@@ -16,6 +16,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import pydantic
 
+from statekeep import tracing
 from statekeep._numbers import check_int
 from statekeep.errors import ConfigError, LeaseLostError, StepFailedError, StorageError
 from statekeep.workflow import codec, tools, waits
@@ -90,19 +91,23 @@ class RunContext:
             return recorded.value
         policy = spec.retry or exe.workflow.retry
         started = now()
-        for attempt in range(1, max(1, policy.attempts) + 1):
-            try:
-                value = exe.invoke(fn, args, kwargs)
-            except _INFRASTRUCTURE:
-                raise  # not the step's fault: the run stays resumable, its lease lapses, it is retried
-            except Exception as exc:
-                if attempt >= policy.attempts:
-                    raise StepFailedError(self.run_id, spec.name, seq, attempt, repr(exc)) from exc
-                time.sleep(policy.delay(attempt))
-                continue
-            output = exe.encode(spec.name, value)
-            input_hash = _loose_hash(args, kwargs)
-            return exe.commit(seq, spec.name, "step", input_hash, output, attempt=attempt, started=started)
+        with tracing.step(exe.run, spec.name, seq):
+            for attempt in range(1, max(1, policy.attempts) + 1):
+                try:
+                    value = exe.invoke(fn, args, kwargs)
+                except _INFRASTRUCTURE:
+                    raise  # not the step's fault: the run stays resumable, its lease lapses, it is retried
+                except Exception as exc:
+                    if attempt >= policy.attempts:
+                        raise StepFailedError(self.run_id, spec.name, seq, attempt, repr(exc)) from exc
+                    tracing.retrying(exe.run, spec.name, seq, attempt, exc, policy.delay(attempt))
+                    time.sleep(policy.delay(attempt))
+                    continue
+                output = exe.encode(spec.name, value)
+                input_hash = _loose_hash(args, kwargs)
+                return exe.commit(
+                    seq, spec.name, "step", input_hash, output, attempt=attempt, started=started
+                )
         raise AssertionError("unreachable")  # pragma: no cover
 
     def set_state(self, state: pydantic.BaseModel) -> None:

@@ -9,6 +9,7 @@ waits; events to a finished or unknown run are refused.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -30,8 +31,16 @@ from statekeep.errors import (
     RunNotFoundError,
 )
 from statekeep.workflow import codec
-from statekeep.workflow._types import FINISHED, Approval, LedgerEntry, Run, RunStatus, StepRecord
-from statekeep.workflow.base import APPROVAL_STATUSES, LIVE, MAX_SEQ, WorkflowStore, now, statuses
+from statekeep.workflow._types import FINISHED, Approval, LedgerEntry, Run, RunPage, RunStatus, StepRecord
+from statekeep.workflow.base import (
+    APPROVAL_STATUSES,
+    LIVE,
+    MAX_SEQ,
+    WorkflowStore,
+    check_run_filters,
+    now,
+    statuses,
+)
 from statekeep.workflow.sql_tx import (
     SQLRunWrite,
     approval_record,
@@ -114,6 +123,44 @@ class SQLWorkflowStore(WorkflowStore):
             q = q.where(runs.c.parent_id == check_id(parent_id, "parent_id"))
         with self.db.read() as conn:
             return [run_record(r) for r in conn.execute(q).mappings()]
+
+    def search_runs(
+        self,
+        *,
+        status: RunStatus | str | Iterable[RunStatus | str] | None = None,
+        workflow: str | None = None,
+        owner: str | Iterable[str] | None = None,
+        text: str | None = None,
+        run_ids: Iterable[str] | None = None,
+        limit: int = 20,
+        offset: int = 0,
+    ) -> RunPage:
+        owners, needle, ids = check_run_filters(owner, text, run_ids, limit, offset)
+        where: list[sa.ColumnElement[bool]] = []
+        if workflow is not None:
+            where.append(runs.c.workflow == check_id(workflow, "workflow"))
+        if owners is not None:
+            where.append(sa.or_(*(_owned_by(o) for o in owners)))
+        if ids is not None:
+            where.append(runs.c.run_id.in_(ids))
+        if needle is not None:
+            where.append(_contains(needle))
+        wanted = None if status is None else [s.value for s in statuses(status)]
+        counted = sa.select(runs.c.status, sa.func.count()).where(*where).group_by(runs.c.status)
+        page = sa.select(runs).where(*where)
+        if wanted is not None:
+            page = page.where(runs.c.status.in_(wanted))
+        page = page.order_by(runs.c.created_at.desc(), runs.c.run_id.desc()).limit(limit).offset(offset)
+        with self.db.read() as conn:
+            counts = {str(s): int(n) for s, n in conn.execute(counted)}
+            found = [run_record(r) for r in conn.execute(page).mappings()]
+        total = sum(n for s, n in counts.items() if wanted is None or s in wanted)
+        return RunPage(found, total, offset, limit, counts)
+
+    def workflow_names(self) -> list[str]:
+        with self.db.read() as conn:
+            q = sa.select(runs.c.workflow).distinct().order_by(runs.c.workflow)
+            return [str(name) for name in conn.execute(q).scalars()]
 
     def cancel(self, run_id: str) -> Run:
         check_run_id(run_id)
@@ -460,6 +507,30 @@ def _get(conn: Connection, run_id: str) -> Run:
     if row is None:
         raise RunNotFoundError(run_id)
     return run_record(row)
+
+
+def _owned_by(owner: str) -> sa.ColumnElement[bool]:
+    """Agent runs of ``owner``: their stored input starts with ``{"args":["<owner>",``.
+
+    The input is the canonical JSON of ``{"args": [owner, session_id, task], "kwargs": {}}``
+    (ASCII, no spaces; see :func:`~statekeep.workflow.base.run_owner`): an exact prefix
+    comparison, with no pattern characters to escape.
+    """
+    prefix = '{"args":[' + json.dumps(owner) + ","
+    return sa.and_(
+        runs.c.workflow.startswith("agent.", autoescape=True),
+        sa.func.substr(runs.c.input, 1, len(prefix)) == prefix,
+    )
+
+
+def _contains(text: str) -> sa.ColumnElement[bool]:
+    """Runs whose id, workflow, error or input contains ``text``, in any case (inputs are ASCII JSON)."""
+    escaped = json.dumps(text)[1:-1]  # how the text appears inside the stored input
+    clauses = [
+        column.icontains(text, autoescape=True) for column in (runs.c.run_id, runs.c.workflow, runs.c.error)
+    ]
+    clauses += [runs.c.input.icontains(needle, autoescape=True) for needle in {text, escaped}]
+    return sa.or_(*clauses)
 
 
 def _note(conn: Connection, run_id: str, name: str, payload: dict[str, Any]) -> None:

@@ -249,6 +249,7 @@ def run_record(row: RowMapping) -> Run:
         cursor=row["cursor"],
         last_seq=row["last_seq"],
         waiting=_loads(row["waiting"]),
+        trace_context=row.get("trace_context"),
     )
 
 

@@ -40,6 +40,8 @@ runs = sa.Table(
     sa.Column("cursor", sa.BigInteger),
     sa.Column("last_seq", sa.Integer, nullable=False, default=0),
     sa.Column("waiting", sa.Text),
+    # the W3C trace context of the run's first span, so every attempt continues one trace
+    sa.Column("trace_context", sa.Text),
 )
 
 steps = sa.Table(
@@ -125,6 +127,15 @@ def _add_lease_parent_epoch(conn: Connection) -> None:
         conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN lease_parent_epoch INTEGER"))
 
 
+def _add_trace_context(conn: Connection) -> None:
+    # Tables created since this migration already have the column, hence the check.
+    schema = _schema(conn)
+    present = {c["name"] for c in sa.inspect(conn).get_columns("runs", schema=schema)}
+    if "trace_context" not in present:
+        table = "runs" if schema is None else f"{schema}.runs"
+        conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN trace_context TEXT"))
+
+
 def _schema(conn: Connection) -> str | None:
     # SQLite has no schemas: the Database maps the store's schema away (see db.engine)
     return SCHEMA if conn.dialect.name == "postgresql" else None
@@ -138,6 +149,7 @@ MIGRATIONS = [
     ),
     Migration(2, "drop the approvals index on run_id alone", _drop_approvals_run_id_index),
     Migration(3, "runs.lease_parent_epoch: children taken through their parent", _add_lease_parent_epoch),
+    Migration(4, "runs.trace_context: a run's attempts continue one trace", _add_trace_context),
 ]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NoReturn
 
+from statekeep import tracing
 from statekeep.errors import (
     ApprovalExpiredError,
     ApprovalMismatchError,
@@ -38,17 +39,19 @@ def call(exe: Execution, tool: Tool[Any, Any], args: tuple[Any, ...], kwargs: di
         encoded = codec.to_json(payload)
     except codec.NotJSONError as exc:
         raise InvalidInputError(f"arguments of tool {tool.name!r} are not JSON: {exc}", field="args") from exc
-    if tool.gate is not None:
-        _check_gate(exe, seq, tool, payload)
     key = f"{exe.run_id}/{seq}/{index}"
-    entry = exe.store.tool_call(exe.run_id, seq)
-    if entry is None:
-        with exe.write() as tx:
-            tx.start_call(seq, tool.name, key, encoded)
-        return _invoke(exe, seq, tool, key, args, kwargs)
-    if entry.status == "completed":
-        return _complete(exe, seq, tool, codec.to_json(entry.result))
-    return _settle(exe, seq, tool, entry)
+    with tracing.tool_call(exe.run, tool.name, seq, key):
+        if tool.gate is not None:
+            _check_gate(exe, seq, tool, payload)
+        entry = exe.store.tool_call(exe.run_id, seq)
+        if entry is None:
+            with exe.write() as tx:
+                tx.start_call(seq, tool.name, key, encoded)
+            return _invoke(exe, seq, tool, key, args, kwargs)
+        if entry.status == "completed":
+            tracing.note(tracing.LEDGER_OUTCOME, "completed earlier; recorded now")
+            return _complete(exe, seq, tool, codec.to_json(entry.result))
+        return _settle(exe, seq, tool, entry)
 
 
 def _invoke(
@@ -60,7 +63,9 @@ def _invoke(
         # the tool returned control with an error: it did not complete, so the call may be made again
         with exe.write() as tx:
             tx.drop_call(seq)
+        tracing.note(tracing.LEDGER_OUTCOME, "failed; dropped from the ledger")
         raise StepFailedError(exe.run_id, tool.name, seq, 1, repr(exc)) from exc
+    tracing.note(tracing.LEDGER_OUTCOME, "executed")
     return _complete(exe, seq, tool, exe.encode(tool.name, value))
 
 
@@ -76,11 +81,13 @@ def _settle(exe: Execution, seq: int, tool: Tool[Any, Any], entry: LedgerEntry) 
     if decision is not None and decision.status == "pending":
         _park(exe, RunStatus.NEEDS_DECISION, None, {"approval_id": decision.approval_id})
     if decision is not None and decision.decided_at is not None and decision.decided_at > entry.started_at:
+        tracing.approval_waited(decision)
         if decision.status == "rejected":  # it happened; the person supplied its result
             return _complete(exe, seq, tool, codec.to_json(decision.result))
         if decision.status == "approved":
             return _rerun(exe, seq, tool, entry)
     verdict = tool.reconciler(entry) if tool.reconciler is not None else Reconciliation(None)
+    tracing.note(tracing.LEDGER_OUTCOME, f"ambiguous; reconciler: {verdict.happened}")
     if verdict.happened is True:
         return _complete(exe, seq, tool, exe.encode(tool.name, verdict.result))
     if verdict.happened is False:
@@ -107,6 +114,7 @@ def _check_gate(exe: Execution, seq: int, tool: Tool[Any, Any], payload: dict[st
         _park(exe, RunStatus.WAITING_FOR_APPROVAL, expires, {}, ask=(fields, expires))
     if approval.status == "pending" and not _expired(approval):
         _park(exe, RunStatus.WAITING_FOR_APPROVAL, approval.expires_at, {"approval_id": approval.approval_id})
+    tracing.approval_waited(approval)
     _refuse_unless_approved(exe, approval, codec.digest(payload))
 
 
@@ -151,6 +159,7 @@ def _park(
     ask: tuple[dict[str, Any], datetime | None] | None = None,
 ) -> NoReturn:
     """Suspend the run, first opening an approval when ``ask`` (fields, expiry) is given."""
+    tracing.note(tracing.LEDGER_OUTCOME, f"not run: {status.value}")
     with exe.write() as tx:
         if ask is not None:
             detail = {"approval_id": tx.open_approval(*ask)}

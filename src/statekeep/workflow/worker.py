@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 
+from statekeep import tracing
 from statekeep._numbers import check_int, check_seconds
 from statekeep.errors import InvalidInputError, LeaseLostError, StatekeepError, StorageError
 from statekeep.workflow.engine import Engine
@@ -38,10 +39,11 @@ class Worker:
             self.engine.owner, self.engine.lease, self.batch, self.engine.registry.runnable()
         )
         for run in claimed:
+            tracing.run_claimed(run, self.engine.owner)
             try:
                 self.engine.execute(run)
             except LeaseLostError as exc:
-                log.warning("fenced: %s", exc)
+                tracing.lease_lost(run, self.engine.owner, exc)
             except StorageError as exc:  # the lease lapses and another worker retries the run
                 log.warning("run %s interrupted by a database error: %s", run.run_id, exc)
             except StatekeepError as exc:
