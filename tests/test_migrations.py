@@ -153,10 +153,10 @@ def test_workflow_3_adds_the_lease_parent_epoch_to_a_version_2_database(db: Data
     assert "lease_parent_epoch" not in _run_columns(db)
 
     workflow_tables.setup(db)
-    assert current_version(db, "workflow", workflow_tables.SCHEMA) == 3
+    assert current_version(db, "workflow", workflow_tables.SCHEMA) == len(workflow_tables.MIGRATIONS)
     assert "lease_parent_epoch" in _run_columns(db)
     workflow_tables.setup(db)  # idempotent
-    assert current_version(db, "workflow", workflow_tables.SCHEMA) == 3
+    assert current_version(db, "workflow", workflow_tables.SCHEMA) == len(workflow_tables.MIGRATIONS)
 
 
 def _run_columns(db: Database) -> set[str]:

@@ -66,6 +66,9 @@ class Run:
         cursor: The latest context cursor a step committed.
         last_seq: The journal position of the last completed step.
         waiting: What a waiting run waits for (a due time, an event, an approval, a child).
+        owner: Whose data the run holds (from the workflow's ``owner`` parameter, or
+            its parent's); erasure of that owner deletes the run. None for a run of
+            no one. Not the worker that holds the lease (``lease_owner``).
     """
 
     run_id: str
@@ -85,6 +88,7 @@ class Run:
     cursor: int | None
     last_seq: int
     waiting: dict[str, Any] | None
+    owner: str | None = None
 
 
 #: What a journal entry records: a step function, a tool call, a sleep, an event wait, a child run.

@@ -196,6 +196,9 @@ class Engine:
         except codec.NotJSONError as exc:
             raise InvalidInputError(f"workflow input is not JSON: {exc}", field="input") from exc
         state = workflow.state
+        owner = workflow.owner_of(args, kwargs)
+        if owner is None and parent is not None:
+            owner = parent.owner  # a child run holds its parent's owner's data
         return self.store.open_run(
             {
                 "run_id": run_id,
@@ -210,6 +213,7 @@ class Engine:
                 if state is None
                 else getattr(state, "state_schema", "") or state.__name__,
                 "state_schema_version": None if state is None else getattr(state, "state_version", 1),
+                "owner": owner,
             },
             parent=parent,
         )

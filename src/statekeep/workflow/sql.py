@@ -5,6 +5,11 @@ bumps the run row only if the worker's lease epoch is still current: a worker
 whose lease was taken over can read, but never advance the run. Events sent to
 a live run that is not (yet) waiting for them are kept in its mailbox until it
 waits; events to a finished or unknown run are refused.
+
+With a key ring (``keys=``), the payloads of a run that has an owner (its input,
+output and error, step outputs, tool arguments and results, approval arguments,
+comments and results, event payloads) are sealed with the owner's data key;
+every read opens them, so callers see plain values.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from statekeep.errors import (
     RunFinishedError,
     RunNotFoundError,
 )
+from statekeep.keys import KeyRing
 from statekeep.workflow import codec
 from statekeep.workflow._types import FINISHED, Approval, LedgerEntry, Run, RunStatus, StepRecord
 from statekeep.workflow.base import APPROVAL_STATUSES, LIVE, MAX_SEQ, WorkflowStore, now, statuses
@@ -39,6 +45,7 @@ from statekeep.workflow.sql_tx import (
     finish_values,
     ledger_entry,
     run_record,
+    seal,
     step_record,
     wake,
     withdraw_approvals,
@@ -54,7 +61,8 @@ class SQLWorkflowStore(WorkflowStore):
     """The workflow store in SQLite or PostgreSQL.
 
     Construct it from a :class:`~statekeep.db.Database` (to share transactions with
-    the working-state store) or a URL.
+    the working-state store) or a URL. ``keys`` (a :class:`~statekeep.keys.KeyRing`)
+    seals the payloads of owned runs.
 
     Examples:
         >>> store = SQLWorkflowStore("sqlite:///:memory:")
@@ -62,9 +70,19 @@ class SQLWorkflowStore(WorkflowStore):
         True
     """
 
-    def __init__(self, db: Database | str) -> None:
+    def __init__(self, db: Database | str, *, keys: KeyRing | None = None) -> None:
         self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_WORKFLOW_URL")
+        self.keys = keys
         setup(self.db)
+
+    def _prepare(self, owner: str | None) -> None:
+        """Make sure the owner's data key exists before a write transaction (creating it takes its own)."""
+        if self.keys is not None and owner is not None and not self.keys.ready(owner):
+            self.keys.prepare(owner)
+
+    def _owner(self, run_id: str) -> str | None:
+        with self.db.read() as conn:
+            return conn.execute(sa.select(runs.c.owner).where(runs.c.run_id == run_id)).scalar()
 
     def close(self) -> None:
         self.db.dispose()
@@ -73,12 +91,15 @@ class SQLWorkflowStore(WorkflowStore):
 
     def open_run(self, run: dict[str, Any], *, parent: Run | None = None) -> Run:
         stamp = now()
+        owner = run.get("owner")
+        self._prepare(owner)
         row = {**run, "created_at": stamp, "updated_at": stamp, "epoch": 0, "last_seq": 0}
+        row["input"] = seal(self.keys, owner, run["input"])
         with self.db.begin() as conn:
             if parent is not None:
                 fence(conn, parent.run_id, parent.epoch)
             conn.execute(self.db.dialect.insert(runs).values(row).on_conflict_do_nothing())
-            stored = _get(conn, run["run_id"])
+            stored = _get(conn, run["run_id"], self.keys)
         if stored.workflow != run["workflow"]:
             raise RunConflictError(
                 stored.run_id, f"belongs to workflow {stored.workflow!r}, not {run['workflow']!r}"
@@ -91,7 +112,7 @@ class SQLWorkflowStore(WorkflowStore):
         check_run_id(run_id)
         with self.db.read() as conn:
             row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).mappings().first()
-        return None if row is None else run_record(row)
+        return None if row is None else run_record(row, self.keys)
 
     def list_runs(
         self,
@@ -113,12 +134,12 @@ class SQLWorkflowStore(WorkflowStore):
         if parent_id is not None:
             q = q.where(runs.c.parent_id == check_id(parent_id, "parent_id"))
         with self.db.read() as conn:
-            return [run_record(r) for r in conn.execute(q).mappings()]
+            return [run_record(r, self.keys) for r in conn.execute(q).mappings()]
 
     def cancel(self, run_id: str) -> Run:
         check_run_id(run_id)
         with self.db.begin() as conn:
-            run = _get(conn, run_id)
+            run = _get(conn, run_id, self.keys)
             if run.status.finished:
                 raise RunFinishedError(run_id, run.status, "cancel it")
             conn.execute(
@@ -127,7 +148,7 @@ class SQLWorkflowStore(WorkflowStore):
                 .values({**finish_values(RunStatus.CANCELLED, None, "cancelled"), "epoch": runs.c.epoch + 1})
             )
             withdraw_approvals(conn, run_id)
-            return _get(conn, run_id)
+            return _get(conn, run_id, self.keys)
 
     # --- leases ---------------------------------------------------------------------------
 
@@ -148,7 +169,7 @@ class SQLWorkflowStore(WorkflowStore):
             if parent is not None:
                 fence(conn, parent.run_id, parent.epoch)  # first: it locks the parent row
             taken = conn.execute(take.values(values)).rowcount == 1
-            run = _get(conn, run_id)
+            run = _get(conn, run_id, self.keys)
         return run if taken or run.status.finished else None
 
     def claim(self, owner: str, lease: float, limit: int, workflows: Iterable[tuple[str, int]]) -> list[Run]:
@@ -177,7 +198,7 @@ class SQLWorkflowStore(WorkflowStore):
                 .values({**_lease_values(owner, lease, stamp), "lease_parent_epoch": None})
             )
             rows = conn.execute(sa.select(runs).where(runs.c.run_id.in_(ids))).mappings()
-            return [run_record(r) for r in rows]
+            return [run_record(r, self.keys) for r in rows]
 
     def heartbeat(self, run_id: str, epoch: int, lease: float) -> bool:
         with self.db.begin() as conn:
@@ -190,9 +211,10 @@ class SQLWorkflowStore(WorkflowStore):
 
     @contextmanager
     def fenced(self, run: Run) -> Iterator[SQLRunWrite]:
+        self._prepare(run.owner)
         with self.db.begin() as conn:
             fence(conn, run.run_id, run.epoch)
-            yield SQLRunWrite(run, conn, self.db)
+            yield SQLRunWrite(run, conn, self.db, self.keys)
 
     # --- journal and ledger ---------------------------------------------------------------
 
@@ -207,13 +229,13 @@ class SQLWorkflowStore(WorkflowStore):
             .order_by(steps.c.seq)
         )
         with self.db.read() as conn:
-            return [step_record(r) for r in conn.execute(q).mappings()]
+            return [step_record(r, self.keys) for r in conn.execute(q).mappings()]
 
     def tool_calls(self, run_id: str) -> list[LedgerEntry]:
         check_run_id(run_id)
         q = sa.select(tool_calls).where(tool_calls.c.run_id == run_id).order_by(tool_calls.c.seq)
         with self.db.read() as conn:
-            return [ledger_entry(r) for r in conn.execute(q).mappings()]
+            return [ledger_entry(r, self.keys) for r in conn.execute(q).mappings()]
 
     def tool_call(self, run_id: str, seq: int) -> LedgerEntry | None:
         check_run_id(run_id)
@@ -221,7 +243,7 @@ class SQLWorkflowStore(WorkflowStore):
         q = sa.select(tool_calls).where(tool_calls.c.run_id == run_id, tool_calls.c.seq == seq)
         with self.db.read() as conn:
             row = conn.execute(q).mappings().first()
-        return None if row is None else ledger_entry(row)
+        return None if row is None else ledger_entry(row, self.keys)
 
     # --- approvals and events -------------------------------------------------------------
 
@@ -248,7 +270,7 @@ class SQLWorkflowStore(WorkflowStore):
             if value is not None:
                 q = q.where(approvals.c[column] == check_id(value, column))
         with self.db.read() as conn:
-            return [approval_record(r) for r in conn.execute(q).mappings()]
+            return [approval_record(r, self.keys) for r in conn.execute(q).mappings()]
 
     def approval(self, approval_id: str) -> Approval:
         """One approval by id.
@@ -259,7 +281,7 @@ class SQLWorkflowStore(WorkflowStore):
         """
         check_id(approval_id, "approval_id")
         with self.db.read() as conn:
-            return _approval(conn, approval_id)
+            return _approval(conn, approval_id, self.keys)
 
     def approval_at(self, run_id: str, seq: int, kind: str) -> Approval | None:
         q = sa.select(approvals).where(
@@ -267,7 +289,7 @@ class SQLWorkflowStore(WorkflowStore):
         )
         with self.db.read() as conn:
             row = conn.execute(q.order_by(approvals.c.created_at.desc())).mappings().first()
-        return None if row is None else approval_record(row)
+        return None if row is None else approval_record(row, self.keys)
 
     def decide(
         self, approval_id: str, *, approve: bool, by: str, comment: str | None = None, result: Any = None
@@ -286,13 +308,16 @@ class SQLWorkflowStore(WorkflowStore):
                 expired and fails closed.
         """
         encoded = _check_decision(approval_id, approve, by, comment, result)
+        owner = self._approval_owner(approval_id) if self.keys is not None else None
+        self._prepare(owner)
         with self.db.begin() as conn:
-            current = _approval(conn, approval_id)
+            current = _approval(conn, approval_id, self.keys)
             expired = current.expires_at is not None and current.expires_at <= now()
             status = "expired" if expired else ("approved" if approve else "rejected")
             values: dict[str, Any] = {"status": status, "decided_at": now()}
             if not expired:
-                values.update(decided_by=by, comment=comment, result=encoded)
+                sealed_comment = None if comment is None else seal(self.keys, owner, comment)
+                values.update(decided_by=by, comment=sealed_comment, result=seal(self.keys, owner, encoded))
             q = approvals.update().where(
                 approvals.c.approval_id == approval_id, approvals.c.status == "pending"
             )
@@ -301,10 +326,15 @@ class SQLWorkflowStore(WorkflowStore):
                     raise ApprovalExpiredError(approval_id, current.action, "expired before a decision")
                 raise ApprovalDecidedError(approval_id, current.status)
             wake(conn, current.run_id, _WAITS_ON_PERSON)
-            decided = _approval(conn, approval_id)
+            decided = _approval(conn, approval_id, self.keys)
         if expired:
             raise ApprovalExpiredError(approval_id, current.action, "expired before a decision")
         return decided
+
+    def _approval_owner(self, approval_id: str) -> str | None:
+        q = sa.select(runs.c.owner).join(approvals, approvals.c.run_id == runs.c.run_id)
+        with self.db.read() as conn:
+            return conn.execute(q.where(approvals.c.approval_id == approval_id)).scalar()
 
     def send_event(self, run_id: str, name: str, payload: Any = None) -> None:
         """Deliver a named event to a run: woken if it waits for it, kept until it does otherwise.
@@ -320,6 +350,9 @@ class SQLWorkflowStore(WorkflowStore):
             text = codec.to_json(payload)
         except codec.NotJSONError as exc:
             raise InvalidInputError(str(exc), field="payload") from exc
+        owner = self._owner(run_id) if self.keys is not None else None
+        self._prepare(owner)
+        text = seal(self.keys, owner, text)
         with self.db.begin() as conn:
             # lock the run row first, so a run suspending right now sees the event or is woken
             row = conn.execute(
@@ -370,19 +403,47 @@ class SQLWorkflowStore(WorkflowStore):
                 deleted += len(chunk)
         return deleted
 
+    # --- erasure --------------------------------------------------------------------------
 
-def _get(conn: Connection, run_id: str) -> Run:
+    def runs_of(self, owner: str) -> list[Run]:
+        check_id(owner, "owner")
+        q = sa.select(runs).where(runs.c.owner == owner).order_by(runs.c.created_at, runs.c.run_id)
+        with self.db.read() as conn:
+            return [run_record(r, self.keys) for r in conn.execute(q).mappings()]
+
+    def delete_owner(self, owner: str) -> dict[str, int]:
+        check_id(owner, "owner")
+        finished = [s.value for s in FINISHED]
+        counts = dict.fromkeys(("runs", "steps", "tool_calls", "approvals", "events"), 0)
+        q = sa.select(runs.c.run_id).where(runs.c.owner == owner, runs.c.status.in_(finished))
+        with self.db.begin(f"erasing the runs of {owner!r}") as conn:
+            ids = list(conn.execute(q).scalars())
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                for name, table in (
+                    ("steps", steps),
+                    ("tool_calls", tool_calls),
+                    ("approvals", approvals),
+                    ("events", events),
+                    ("runs", runs),
+                ):
+                    gone = conn.execute(table.delete().where(table.c.run_id.in_(chunk)))
+                    counts[name] += int(gone.rowcount)
+        return counts
+
+
+def _get(conn: Connection, run_id: str, keys: KeyRing | None) -> Run:
     row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).mappings().first()
     if row is None:
         raise RunNotFoundError(run_id)
-    return run_record(row)
+    return run_record(row, keys)
 
 
-def _approval(conn: Connection, approval_id: str) -> Approval:
+def _approval(conn: Connection, approval_id: str, keys: KeyRing | None) -> Approval:
     row = conn.execute(sa.select(approvals).where(approvals.c.approval_id == approval_id)).mappings().first()
     if row is None:
         raise ApprovalNotFoundError(approval_id)
-    return approval_record(row)
+    return approval_record(row, keys)
 
 
 def _check_decision(approval_id: str, approve: bool, by: str, comment: str | None, result: Any) -> str:
