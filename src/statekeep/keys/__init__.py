@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from statekeep.errors import ConfigError
 from statekeep.keys.provider import KeyProvider, LocalKeyFile
+from statekeep.keys.reseal import reencrypt
 from statekeep.keys.ring import KeyRing, ShredReport, is_sealed, key_id_of
 
 if TYPE_CHECKING:
@@ -60,4 +61,5 @@ __all__ = [
     "key_id_of",
     "open_key_ring",
     "provider_for",
+    "reencrypt",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from statekeep._numbers import MAX_INT
 from statekeep.config import Settings
@@ -15,10 +15,13 @@ from statekeep.models import AsyncModel, Model
 from statekeep.runtime.agent import Agent, AgentState, check_run
 from statekeep.runtime.scope import current_scope, turn_limit
 from statekeep.runtime.steps import AgentSteps
-from statekeep.workflow import Engine, Registry, Run, RunContext, Worker, Workflow
+from statekeep.workflow import Engine, Registry, Run, RunContext, SQLWorkflowStore, Worker, Workflow
 from statekeep.working import SQLWorkingStateStore
 
 if TYPE_CHECKING:
+    from statekeep.audit import AuditLog
+    from statekeep.erasure import ErasureReceipt
+    from statekeep.keys import KeyRing
     from statekeep.memory import Embedder, Memory, MemoryKind, MemoryStore, SourceKind
 
 
@@ -34,6 +37,10 @@ class Runtime:
     claims it for that owner before anything is written, and a session of
     another owner is refused with :class:`~statekeep.errors.SessionOwnerError`
     (no run, no event, no state is written, and the model is not called).
+
+    Payloads are sealed at rest with per-owner data keys (``keys``, from the
+    settings' key provider), and :meth:`erase_owner` removes an owner from every
+    store at once; see docs/privacy.md.
     """
 
     def __init__(
@@ -44,8 +51,11 @@ class Runtime:
         working: SQLWorkingStateStore,
         memory: Callable[[], MemoryStore],
         model: Model | AsyncModel,
+        keys: KeyRing | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
         self.engine, self.context, self.working, self.model = engine, context, working, model
+        self.keys, self.audit = keys, audit
         self._open_memory = memory
         self._memory: MemoryStore | None = None
         self.steps = AgentSteps(context, model, lambda: self.memory, claim=self._claim_session)
@@ -83,22 +93,36 @@ class Runtime:
                 raise InvalidInputError(f"must be an Embedder, not {kind}", field="embedder")
         settings = Settings.load() if settings is None else settings
         settings.check()
+        from statekeep.audit import AuditLog
+        from statekeep.keys import open_key_ring
+
         dbs: dict[str, Database] = {}
 
         def db(store: str) -> Database:
             url = settings.url_for(store)
             return dbs.setdefault(url, Database(url, setting=f"STATEKEEP_{store.upper()}_URL"))
 
-        working = SQLWorkingStateStore(db("working"))
-        engine = Engine(db("workflow"), Registry(), state_store=working, lease=lease)
+        keys = open_key_ring(settings, db("workflow"))  # keys live with the workflow store
+        working = SQLWorkingStateStore(db("working"), keys=keys)
+        workflow = SQLWorkflowStore(db("workflow"), keys=keys)
+        engine = Engine(workflow, Registry(), state_store=working, lease=lease)
 
         def memory() -> MemoryStore:
             from statekeep.memory import open_memory_store
 
             return open_memory_store(settings.memory_url, embedder)
 
-        context = SQLContextStore(db("context"))
-        return cls(engine=engine, context=context, working=working, memory=memory, model=model)
+        context = SQLContextStore(db("context"), keys=keys)
+        audit = AuditLog(db("workflow"))
+        return cls(
+            engine=engine,
+            context=context,
+            working=working,
+            memory=memory,
+            model=model,
+            keys=keys,
+            audit=audit,
+        )
 
     # --- agents -----------------------------------------------------------------------------
 
@@ -124,7 +148,8 @@ class Runtime:
             return self.steps.run(ctx, agent, AgentState(owner=owner, session_id=session_id, task=task))
 
         name = f"agent.{agent.name}"
-        workflow = self.engine.registry.workflow(name, version=agent.version, state=AgentState)(loop)
+        registry = self.engine.registry
+        workflow = registry.workflow(name, version=agent.version, state=AgentState, owner="owner")(loop)
         self._agents[(agent.name, agent.version)] = (agent, workflow)
         return workflow
 
@@ -222,6 +247,44 @@ class Runtime:
                     owners.setdefault(started[1], started[0])
             self._first_owners = owners
         return self._first_owners.get(session_id)
+
+    # --- erasure ----------------------------------------------------------------------------
+
+    def erase_owner(
+        self,
+        owner: str,
+        *,
+        cancel_live: bool = False,
+        actor: str | None = None,
+        via: Literal["cli", "webhook", "api"] = "api",
+    ) -> ErasureReceipt:
+        """Erase everything of ``owner`` from every store, with one receipt (see :mod:`statekeep.erasure`).
+
+        Context sessions and their events and summaries, working-state versions,
+        runs with their journal, ledger, approvals and events, memories, and last
+        the owner's data keys. Live runs are refused with
+        :class:`~statekeep.errors.LiveRunsError` unless ``cancel_live``. The
+        erasure is recorded in the audit log (``actor``, default ``"runtime"``)
+        with the owner's id and the counts only.
+
+        Raises:
+            LiveRunsError: the owner has live runs and ``cancel_live`` is False; nothing was erased.
+            ErasureError: rows were deleted but a file could not be rewritten; erase again.
+        """
+        from statekeep.erasure import erase_owner
+
+        receipt = erase_owner(
+            owner,
+            context=self.context,
+            working=self.working,
+            workflow=self.engine.store,
+            memory=self.memory,
+            keys=self.keys,
+            cancel_live=cancel_live,
+        )
+        if self.audit is not None:
+            self.audit.record(actor or "runtime", "erase", owner, via=via, detail=receipt.counts())
+        return receipt
 
     # --- memory -----------------------------------------------------------------------------
 

@@ -19,6 +19,8 @@ from http import HTTPStatus
 from typing import Annotated, Any
 
 from statekeep._text import check_id
+from statekeep.audit import AuditLog
+from statekeep.db import Database
 from statekeep.errors import (
     ApprovalDecidedError,
     ApprovalExpiredError,
@@ -152,6 +154,8 @@ def create_app(store: WorkflowStore, *, tokens: Mapping[str, str]) -> FastAPI:
     if not isinstance(store, WorkflowStore):
         raise InvalidInputError("must be a WorkflowStore", field="store")
     by_digest = [(_digest(token), identity) for identity, token in _check_tokens(tokens).items()]
+    db = getattr(store, "db", None)
+    audit = AuditLog(db) if isinstance(db, Database) else None  # decisions go to the audit log
 
     def identify(authorization: str | None) -> str | None:
         """The person whose token the header carries, or None."""
@@ -233,6 +237,14 @@ def create_app(store: WorkflowStore, *, tokens: Mapping[str, str]) -> FastAPI:
             comment=decision.comment,
             result=decision.result,
         )
+        if audit is not None:
+            audit.record(
+                who,
+                "approve" if decision.approve else "reject",
+                approval_id,
+                via="webhook",
+                detail={"run": decided.run_id},
+            )
         return ApprovalOut.model_validate(decided)
 
     @api.get("/runs/{run_id}")
