@@ -34,7 +34,7 @@ def sqlite_files(url: str) -> list[Path]:
 
 
 def postgres_files(url: str) -> list[Path]:
-    """Every relation file of the database (heap, TOAST, indexes, catalogs, pg_statistic), after CHECKPOINT."""
+    """Every relation file of the database (heaps, TOAST, indexes, catalogs, pg_statistic), checkpointed."""
     libpq = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(libpq, autocommit=True) as conn:
         conn.execute("CHECKPOINT")

@@ -55,7 +55,7 @@ def _analyze(settings: Settings) -> None:
 
 
 def test_erase_owner_leaves_nothing_of_the_owner_in_any_file(settings: Settings, runtime: Runtime) -> None:
-    """After erase_owner(alice), no file (nor the key file with them) gives back alice's words; bob's are intact."""
+    """After erase_owner(alice), no file (nor the key file) gives back alice's words; bob's are intact."""
     alice, bob = Person("alice"), Person("bob")
     alice_runs = populate(runtime, alice, gated=True)
     bob_runs = populate(runtime, bob, gated=False)
@@ -90,9 +90,11 @@ def test_erase_owner_leaves_nothing_of_the_owner_in_any_file(settings: Settings,
     assert receipt.workflow["tool_calls"] == 1
     assert receipt.workflow["approvals"] == 1
     assert receipt.working["versions"] > 0
-    assert receipt.memory is not None and receipt.memory["removed"] == 1
+    assert receipt.memory is not None
+    assert receipt.memory["removed"] == 1
     assert receipt.keys == {"data_keys": 1}
-    assert receipt.locations and receipt.not_reached
+    assert receipt.locations
+    assert receipt.not_reached
     backend_line = "write-ahead log" if settings.database_url.startswith("postgresql") else "file system"
     assert any(backend_line in line for line in receipt.not_reached)
 
@@ -142,7 +144,8 @@ def test_a_shredded_key_leaves_sealed_copies_unreadable(settings: Settings, runt
             )
             + f" WHERE session_id = 'alice-s1' AND seq = {event.seq}"
         ).scalar_one()
-    assert stored.startswith("sk1:") and alice.markers["task"] not in stored
+    assert stored.startswith("sk1:")
+    assert alice.markers["task"] not in stored
     assert alice.markers["task"] in runtime.keys.open(stored)
     runtime.erase_owner("alice")
     runtime.keys.forget_cache()
@@ -157,7 +160,7 @@ def test_erasing_an_owner_twice_or_an_unknown_owner_is_harmless(settings: Settin
     first = runtime.erase_owner("alice")
     again = runtime.erase_owner("alice")
     assert first.workflow["runs"] == 1
-    assert again.workflow["runs"] == 0 and again.context["sessions"] == 0 and again.keys == {"data_keys": 0}
+    assert (again.workflow["runs"], again.context["sessions"], again.keys) == (0, 0, {"data_keys": 0})
     nobody = runtime.erase_owner("nobody-ever")
     assert nobody.counts()["context.events"] == 0
 
@@ -175,7 +178,7 @@ def test_the_agent_can_serve_the_owner_again_after_erasure(settings: Settings, r
 def test_on_postgres_deleted_rows_stay_readable_until_the_key_is_shredded(
     postgres_url: str, tmp_path: Path
 ) -> None:
-    """Deleting alone leaves dead tuples that the key file opens; shredding the data key is what erases them."""
+    """Deleting alone leaves dead tuples the key file opens; shredding the data key is what erases them."""
     settings = Settings.load(
         home=tmp_path / "home", database_url=postgres_url, memory_url=postgres_url, env={}
     )
