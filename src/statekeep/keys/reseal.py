@@ -83,10 +83,15 @@ def reencrypt(ring: KeyRing, urls: Mapping[str, str | Database]) -> dict[str, in
         total = 0
         for schema, table, columns in targets[store]:
             db.register_schema(schema)
-            total += reseal_table(ring, db, table, columns, retired)
+            with db.read() as conn:
+                present = sa.inspect(conn).has_table(
+                    table.name, schema=schema if db.name != "sqlite" else None
+                )
+            if present:  # a store that was never set up in this database has nothing sealed
+                total += reseal_table(ring, db, table, columns, retired)
         report[f"{store}.resealed"] = total
     for db in opened:
         db.dispose()
-    report["data_keys.rewrapped"] = ring.rewrap()
     report["data_keys.dropped"] = ring.drop_retired(started)
+    report["data_keys.rewrapped"] = ring.rewrap()
     return report
