@@ -1,4 +1,4 @@
-"""Encryption at rest: key ids on every sealed value, the key file, rotation and re-encryption, on each backend."""
+"""Encryption at rest: key ids on sealed values, the key file, rotation and re-encryption, on each backend."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_another_key_file_cannot_open_what_this_one_sealed(database_url: str, tm
 def test_rotation_keeps_old_rows_readable_and_reencrypt_moves_them_to_the_new_keys(
     database_url: str, tmp_path: Path
 ) -> None:
-    """rotate(): new key-encryption key and new data keys for new writes; reencrypt re-seals, re-wraps, drops."""
+    """rotate(): a new key-encryption key and data keys for new writes; reencrypt re-seals and drops."""
     db = Database(database_url)
     ring = KeyRing(db, LocalKeyFile(tmp_path / "keys.json"), current_ttl=0.0)
     context = SQLContextStore(db, keys=ring)
@@ -101,7 +101,7 @@ def test_rotation_keeps_old_rows_readable_and_reencrypt_moves_them_to_the_new_ke
     assert isinstance(ring.provider, LocalKeyFile)
     ring.provider.retire(old_kek)  # nothing is wrapped under it any more
     ring.forget_cache()
-    assert [e.message.content for e in context.events("s1")][0] == "before rotation"
+    assert context.events("s1")[0].message.content == "before rotation"
     db.dispose()
 
 
