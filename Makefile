@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
 
-.PHONY: demo test lint bench docs format clean
+.PHONY: demo test peers crash lint bench docs format clean
 
 LINT_PATHS := $(wildcard src tests bench notebooks)
 
@@ -26,8 +26,20 @@ $(VENV)/.dev: $(VENV)/.deps
 demo: $(VENV)/.deps
 	$(BIN)/statekeep demo
 
-test: $(VENV)/.dev
+# The peer suites (LangGraph's store tests, the Agents SDK's session tests) come from the
+# pinned source distributions on the package index, unpacked into .peers/ (git-ignored);
+# tests/integrations/test_peer_suites.py runs them against the adapters on both backends.
+peers: $(VENV)/.dev
+	$(BIN)/python tests/integrations/peers/fetch.py .peers
+
+test: $(VENV)/.dev peers
 	$(BIN)/python -m pytest
+
+# The long crash run (opt-in): every crash test with CRASH_SCALE times its kills; at the
+# default 10 that is over 3,000 SIGKILLs (make test: about 380). Takes a while.
+CRASH_SCALE ?= 10
+crash: $(VENV)/.dev
+	STATEKEEP_CRASH_SCALE=$(CRASH_SCALE) $(BIN)/python -m pytest -m crash tests/workflow
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check $(LINT_PATHS)
@@ -46,4 +58,4 @@ bench: $(VENV)/.dev
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .statekeep .pytest_cache .mypy_cache
+	rm -rf $(VENV) .statekeep .pytest_cache .mypy_cache .peers

@@ -12,14 +12,17 @@ from __future__ import annotations
 import getpass
 import importlib
 import json
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.highlighter import JSONHighlighter
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 
 from statekeep.config import Settings
 from statekeep.errors import InvalidInputError, StatekeepError
@@ -128,9 +131,9 @@ def runs_list(
     table = Table("run id", "workflow", "status", "steps", "updated")
     for run in _workflow(database_url, home).list_runs(status=wanted, workflow=workflow, limit=limit):
         table.add_row(
-            run.run_id,
-            f"{run.workflow} v{run.version}",
-            run.status,
+            literal(run.run_id),
+            literal(f"{run.workflow} v{run.version}"),
+            literal(run.status),
             str(run.last_seq),
             f"{run.updated_at:%Y-%m-%d %H:%M:%S}",
         )
@@ -159,7 +162,7 @@ def runs_show(run_id: str, database_url: DatabaseURL = None, home: Home = None) 
         "cursor",
         "waiting",
     ):
-        table.add_row(name, _text(getattr(run, name)))
+        table.add_row(name, literal(getattr(run, name)))
     console.print(table)
 
 
@@ -182,9 +185,9 @@ def runs_events(run_id: str, database_url: DatabaseURL = None, home: Home = None
         rows.append((t.started_at, f"tool #{t.seq}", t.tool, f"{t.status}, key {t.key}"))
     for a in store.approvals(status=None, run_id=run_id):
         rows.append((a.created_at, f"approval #{a.seq}", a.action, f"{a.status} by {a.decided_by or '-'}"))
-    table = Table("time", "event", "name", "detail", title=f"run {run_id}")
+    table = Table("time", "event", "name", "detail", title=literal(f"run {run_id}"))
     for at, kind, name, detail in sorted(rows, key=lambda r: r[0]):
-        table.add_row(f"{at:%H:%M:%S.%f}"[:-3], kind, name, detail)
+        table.add_row(f"{at:%H:%M:%S.%f}"[:-3], literal(kind), literal(name), literal(detail))
     console.print(table)
 
 
@@ -193,7 +196,7 @@ def runs_cancel(run_id: str, database_url: DatabaseURL = None, home: Home = None
     """Cancel a live run; no worker will advance it again."""
     run = _workflow(database_url, home).cancel(run_id)
     _audit(database_url, home, "cancel", run.run_id)
-    console.print(f"run {run.run_id}: {run.status}")
+    console.print(literal(f"run {run.run_id}: {run.status}"))
 
 
 # --- approvals -------------------------------------------------------------------------------
@@ -211,7 +214,9 @@ def approvals_list(
     for a in _workflow(database_url, home).approvals(status=None if all_ else "pending", run_id=run):
         expires = "-" if a.expires_at is None else f"{a.expires_at:%Y-%m-%d %H:%M}"
         table.add_row(
-            a.approval_id, a.run_id, a.kind, a.action, json.dumps(a.args), a.reason, a.status, expires
+            *map(literal, (a.approval_id, a.run_id, a.kind, a.action)),
+            literal(json.dumps(a.args)),  # ASCII JSON: what the call will receive; homoglyphs show as \u
+            *map(literal, (a.reason, a.status, expires)),
         )
     console.print(table)
 
@@ -226,7 +231,9 @@ def approvals_approve(
     """Approve: the gated action may run, with exactly the arguments shown."""
     a = _workflow(database_url, home).decide(approval_id, approve=True, by=by, comment=comment)
     _audit(database_url, home, "approve", a.approval_id, {"run": a.run_id, "by": by})
-    console.print(f"approval {a.approval_id}: {a.status} by {a.decided_by}; run {a.run_id} can resume")
+    console.print(
+        literal(f"approval {a.approval_id}: {a.status} by {a.decided_by}; run {a.run_id} can resume")
+    )
 
 
 @approvals_app.command("reject")
@@ -236,7 +243,7 @@ def approvals_reject(
     """Reject: the gated action will not run."""
     a = _workflow(database_url, home).decide(approval_id, approve=False, by=by, comment=comment)
     _audit(database_url, home, "reject", a.approval_id, {"run": a.run_id, "by": by})
-    console.print(f"approval {a.approval_id}: {a.status} by {a.decided_by}")
+    console.print(literal(f"approval {a.approval_id}: {a.status} by {a.decided_by}"))
 
 
 # --- worker ----------------------------------------------------------------------------------
@@ -300,11 +307,18 @@ def serve(
         typer.Option(
             "--tokens-file",
             envvar="STATEKEEP_WEB_TOKENS_FILE",
-            help='JSON object of each person\'s identity and bearer token: {"alice@example.com": "..."}.',
+            help=(
+                "JSON object of each person's identity and bearer token: "
+                '{"alice@example.com": "...", "bob@example.com": {"token": "...", "gates": ["refund"], '
+                '"owners": ["acme"]}} (gates and owners limit a token; leave them out for no limit).'
+            ),
         ),
     ],
     host: str = "127.0.0.1",
     port: int = 8080,
+    max_body: Annotated[
+        int, typer.Option(envvar="STATEKEEP_WEB_MAX_BODY", help="Largest request body, in bytes (413 above).")
+    ] = 64 * 1024,
     database_url: DatabaseURL = None,
     home: Home = None,
 ) -> None:
@@ -315,15 +329,16 @@ def serve(
         from statekeep.errors import MissingDependencyError
 
         raise MissingDependencyError("statekeep[web]", "statekeep serve") from exc
+    from statekeep._json import parse
     from statekeep.web import create_app
 
     try:
-        tokens = json.loads(tokens_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise InvalidInputError(f"{tokens_file} is not JSON: {exc}", field="--tokens-file") from exc
+        tokens = parse(tokens_file.read_bytes(), str(tokens_file))
+    except InvalidInputError as exc:
+        raise InvalidInputError(str(exc), field="--tokens-file") from None
     if not isinstance(tokens, dict):
         raise InvalidInputError(f"{tokens_file} must hold a JSON object", field="--tokens-file")
-    webhook = create_app(_workflow(database_url, home), tokens=tokens)
+    webhook = create_app(_workflow(database_url, home), tokens=tokens, max_body=max_body)
     uvicorn.run(webhook, host=host, port=port, log_level="info")
 
 
@@ -349,13 +364,7 @@ def memory_search(
         m, p = h.memory, h.memory.provenance
         table.add_row(
             f"{h.score:.3f}",
-            m.content,
-            m.kind,
-            p.source,
-            _text(p.session_id),
-            _text(p.run_id),
-            _text(p.event_id),
-            m.id,
+            *map(literal, (m.content, m.kind, p.source, p.session_id, p.run_id, p.event_id, m.id)),
         )
     console.print(table)
 
@@ -376,7 +385,7 @@ def memory_add(
 
     with _memory(database_url, home, memory_url) as store:
         m = store.remember(owner, content, kind=kind, tags=tag or (), provenance=Provenance(source))  # type: ignore[arg-type]
-    console.print(f"remembered {m.id} for {owner}")
+    console.print(literal(f"remembered {m.id} for {owner}"))
 
 
 @memory_app.command("forget")
@@ -395,7 +404,7 @@ def memory_forget(
     with _memory(database_url, home, memory_url) as store:
         receipt = store.forget_one(owner, memory_id) if memory_id else store.forget(owner)
     _audit(database_url, home, "forget_memories", owner, {"removed": receipt.removed})
-    console.print_json(json.dumps(receipt.as_dict()))
+    _print_json(json.dumps(receipt.as_dict(), ensure_ascii=False, indent=2))
 
 
 @memory_app.command("export")
@@ -411,10 +420,10 @@ def memory_export(
         data = store.export(owner)
     _audit(database_url, home, "export", owner, {"memories": int(json.loads(data)["count"])})
     if out is None:
-        console.print_json(data)
+        _print_json(data)
     else:
         out.write_text(data)
-        console.print(f"wrote {out}")
+        console.print(literal(f"wrote {out}"))
 
 
 @memory_app.command("reembed")
@@ -457,18 +466,17 @@ def context_show(
     table = Table(
         "section",
         "tokens",
-        title=f"session {session}: {report.total} of {report.budget} tokens ({report.counter})",
+        title=literal(f"session {session}: {report.total} of {report.budget} tokens ({report.counter})"),
     )
     console.print(f"owner: {store.owner_of(session) or '- (none recorded)'}", highlight=False)
     for name in ("system", "pinned", "memories", "summary", "window"):
         table.add_row(name, str(getattr(report, name)))
     console.print(table)
     for message in built.messages:
-        console.print(f"[bold]{message.role}[/]: {message.content}", highlight=False)
+        console.print(Text.assemble((visible(message.role), "bold"), ": ", literal(message.content)))
         for call in message.tool_calls:
-            console.print(
-                f"  -> {call.name}({json.dumps(dict(call.arguments))}) [{call.id}]", highlight=False
-            )
+            arguments = json.dumps(dict(call.arguments), ensure_ascii=False)
+            console.print(literal(f"  -> {call.name}({arguments}) [{call.id}]"))
 
 
 # --- erasure, keys and the audit log ------------------------------------------------------------
@@ -624,10 +632,56 @@ def _status(value: str, kind: Any) -> Any:
         ) from None
 
 
-def _text(value: Any) -> str:
+# What a terminal would act on instead of showing: C0 and C1 control codes (but newline and tab),
+# DEL, invisible formatting and bidi controls, and lone surrogates (no terminal encoding takes them).
+_INVISIBLE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u206f"
+    "\ufeff\ufff9-\ufffb\ud800-\udfff]"
+)
+
+
+def visible(text: str, *, json_text: bool = False) -> str:
+    """``text`` with every character a terminal would act on, rather than show, written as an escape.
+
+    ESC, CR and the other control codes, bidi overrides and zero-width characters
+    become ``\\x1b``, ``\\r``, ``\\u202e``...; newlines, tabs and every printable
+    character (any script, emoji) are kept. With ``json_text``, ``text`` is JSON and
+    the escapes are JSON's own (``\\u001b``), so it stays JSON that decodes the same.
+    """
+    return _INVISIBLE.sub(_escape_json if json_text else _escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    short = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}.get(code)
+    return short or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def _escape_json(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def literal(value: Any) -> Text:
+    """A stored value for the terminal: never read as markup, control characters made visible.
+
+    Every stored string the CLI prints (arguments, memories, context events, run
+    errors, error messages) goes through here: a ``Text`` is never parsed for rich
+    markup, so ``[conceal]`` or ``[/]`` print as they are. None is ``-``; other
+    values are shown as JSON.
+    """
     if value is None:
-        return "-"
-    return value if isinstance(value, str) else json.dumps(value, default=str)
+        return Text("-")
+    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+    return Text(visible(text))
+
+
+def _print_json(text: str) -> None:
+    """JSON text as it is (highlighted on a terminal), with JSON's own escapes for control characters.
+
+    Not ``print_json``, which decodes and re-encodes: that would bring back what
+    :func:`visible` escaped.
+    """
+    console.print(JSONHighlighter()(Text(visible(text, json_text=True))), soft_wrap=True)
 
 
 def main() -> None:
@@ -639,7 +693,7 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except (StatekeepError, OSError) as exc:  # OSError: a file the user named cannot be written or read
-        err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(literal(f"error: {exc}"), soft_wrap=True)
         raise SystemExit(1) from None
     except (typer.Abort, KeyboardInterrupt):
         err_console.print("aborted")
@@ -651,5 +705,5 @@ def main() -> None:
         if callable(show):
             show()
         else:
-            err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+            err_console.print(literal(f"error: {exc}"), soft_wrap=True)
         raise SystemExit(int(getattr(exc, "exit_code", 2))) from None

@@ -1,4 +1,8 @@
-"""build(): sections in order, within budget, memories as data, a per-section report, formats."""
+"""build(): memories as data, bad arguments, formats, summaries and messages that do not fit, page reads.
+
+The builder's invariants over a store (section order, the window, recounting, reads
+that depend on the window only, rebuilding after a restart) are in the conformance suite.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,6 @@ from statekeep.context import (
     ContextStore,
     MemoryItem,
     Message,
-    TiktokenCounter,
     ToolCall,
     message_tokens,
 )
@@ -26,49 +29,6 @@ from .conftest import StoreFactory
 
 def _total(messages: tuple[Message, ...], counter: Any) -> int:
     return sum(message_tokens(counter, m) for m in messages) + REPLY_OVERHEAD
-
-
-def _chat(store: ContextStore, session: str, turns: int) -> None:
-    for i in range(turns):
-        store.append(session, Message.user(f"question {i}: what about item {i}?"))
-        store.append(session, Message.assistant(f"answer {i}: item {i} is fine."))
-
-
-def test_sections_come_in_order_and_the_report_adds_up(store: ContextStore) -> None:
-    """System, pinned state, memories, summary, then the window; the report counts each exactly."""
-    _chat(store, "s", 3)
-    store.compact("s", upto=2)
-    store.append("s", Message.user("and now?"))
-    built = store.build(
-        "s", 4000, system="You help.", pinned={"goal": "check items"}, memories=[MemoryItem("likes tea")]
-    )
-    texts = [m.content for m in built.messages]
-    assert texts[0] == "You help."
-    assert texts[1].startswith("Current task state (pinned):")
-    assert '"goal": "check items"' in texts[1]
-    assert "<memories>" in texts[2]
-    assert texts[3].startswith("Summary of the earlier conversation (events 1-2)")
-    assert texts[4:] == [e.message.content for e in store.events("s", after=2) if e.kind != "summary_updated"]
-    report = built.report
-    counter = TiktokenCounter()
-    for i, section in enumerate(["system", "pinned", "memories", "summary"]):
-        assert report.sections()[section] == message_tokens(counter, built.messages[i])
-    assert report.window == sum(message_tokens(counter, m) for m in built.messages[4:])
-    assert report.total == _total(built.messages, counter) <= 4000
-    assert (report.first_seq, report.last_seq, report.window_events) == (3, 8, 5)
-
-
-def test_window_keeps_the_newest_events_that_fit(make_store: StoreFactory) -> None:
-    """With a small budget only the newest whole messages are kept, and the total never exceeds it."""
-    store = make_store(counter=CharCounter(1))
-    _chat(store, "s", 20)
-    for budget in (40, 100, 333):
-        built = store.build("s", budget, compact=False)
-        assert built.report.total == _total(built.messages, CharCounter(1)) <= budget
-        window = [e.message for e in store.events("s")][-len(built.messages) :]
-        assert list(built.messages) == window
-        older = store.events("s")[-len(built.messages) - 1].tokens
-        assert built.report.total + older > budget  # the next older message would not fit
 
 
 def test_memories_are_a_delimited_data_block_with_provenance(store: ContextStore) -> None:
@@ -139,46 +99,6 @@ def test_bad_build_arguments_name_the_field(store: ContextStore, kwargs: dict[st
     assert err.value.field == field
 
 
-def test_counts_from_another_counter_are_recounted_not_mixed(make_store: StoreFactory) -> None:
-    """Events counted by counter A are re-counted when building with counter B."""
-    store = make_store(counter=CharCounter(1))
-    store.append("s", Message.user("x" * 40))
-    assert store.events("s")[0].tokens == 43
-    built = store.build("s", 1000, counter=CharCounter(4))
-    assert built.report.counter == "chars:4"
-    assert built.report.window == message_tokens(CharCounter(4), Message.user("x" * 40)) == 13
-    other = make_store(counter=CharCounter(4))
-    other.append("s", Message.user("y" * 40))
-    assert other.build("s", 1000).report.window == 13 + 13
-
-
-def test_invariant_6_build_reads_only_the_tail_it_needs(make_store: StoreFactory) -> None:
-    """Rows read by build depend on the budget, not on the history's length (invariant 6)."""
-    reads: list[int] = []
-
-    def spy(store: ContextStore) -> None:
-        real = store._view
-
-        @contextmanager
-        def view() -> Iterator[LogView]:
-            with real() as inner:
-                yield _CountingView(inner, reads)
-
-        store._view = view  # type: ignore[method-assign]
-
-    store = make_store(counter=CharCounter(1))
-    for session, n in (("short", 100), ("long", 1500)):
-        store.extend(session, [Message.user(f"message {i:05d}") for i in range(n)])
-    store.build("short", 300, compact=False)  # page sizes follow the tokens per event seen so far
-    spy(store)
-    counts = []
-    for session in ("short", "long"):
-        reads.clear()
-        store.build(session, 300, compact=False)
-        counts.append(sum(reads))
-    assert counts[0] == counts[1] < 100
-
-
 class _CountingView:
     def __init__(self, inner: LogView, reads: list[int], calls: list[str] | None = None) -> None:
         self.inner, self.reads, self.calls = inner, reads, calls
@@ -239,19 +159,6 @@ def test_an_oversized_newest_message_is_reported(make_store: StoreFactory) -> No
     built = store.build("s", 200, compact=False)
     assert built.messages == ()
     assert built.report.oversized_seq == big.seq
-
-
-def test_invariant_6_context_is_rebuilt_from_the_stores(make_store: StoreFactory) -> None:
-    """A store opened afresh (as after a restart) builds exactly what the first one built."""
-    first = make_store()
-    _chat(first, "s", 30)
-    first.append("s", Message.assistant("ok", tool_calls=[ToolCall("t", "lookup", {"k": 1})]))
-    first.append("s", Message.tool_result("t", "found"))
-    first.build("s", 300, system="sys", pinned="step 3")  # may compact once
-    before = first.build("s", 300, system="sys", pinned="step 3")
-    after = make_store().build("s", 300, system="sys", pinned="step 3")
-    assert after.messages == before.messages
-    assert after.report == before.report
 
 
 def test_a_summary_that_does_not_fit_is_dropped_and_reported(make_store: StoreFactory) -> None:

@@ -1,22 +1,21 @@
-"""Concurrent appends to one session never produce a duplicate or a gap (threads and processes)."""
+"""Concurrent appends to one session from several processes never produce a duplicate or a gap.
+
+Threads in one process are in the conformance suite.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 import statekeep
-from statekeep.context import CharCounter, ContextStore, InMemoryContextStore, Message, SQLContextStore
+from statekeep.context import CharCounter, ContextStore, Message, SQLContextStore
 
-from .conftest import StoreFactory
-
-THREADS, PER_THREAD = 6, 15
 PROCESSES, PER_PROCESS = 3, 20
 
 CHILD = """
@@ -43,29 +42,6 @@ def _assert_gap_free(store: ContextStore, expected: int) -> None:
     assert store.last_seq("shared") == expected
 
 
-def test_threads_appending_to_one_session_get_gap_free_seqs(make_store: StoreFactory) -> None:
-    """Many threads appending at once: every seq 1..N used exactly once, every message kept."""
-    store = make_store(counter=CharCounter())
-    errors: list[BaseException] = []
-
-    def work(t: int) -> None:
-        try:
-            for i in range(PER_THREAD):
-                store.append("shared", Message.user(f"t{t}-{i}"))
-        except BaseException as exc:  # collected and asserted below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    _assert_gap_free(store, THREADS * PER_THREAD)
-    contents = {e.message.content for e in store.events("shared")}
-    assert len(contents) == THREADS * PER_THREAD
-
-
 @pytest.mark.slow
 def test_processes_appending_to_one_session_get_gap_free_seqs(sql_url: str, tmp_path: Path) -> None:
     """Several OS processes appending (single and batched) at once: no duplicate, no gap."""
@@ -86,20 +62,6 @@ def test_processes_appending_to_one_session_get_gap_free_seqs(sql_url: str, tmp_
     per_process = PER_PROCESS + PER_PROCESS // 2  # odd iterations append two messages
     _assert_gap_free(store, PROCESSES * per_process)
     store.db.dispose()
-
-
-def test_in_memory_backend_is_thread_safe() -> None:
-    """The reference backend also hands out gap-free seqs under threads."""
-    store = InMemoryContextStore(counter=CharCounter())
-    threads = [
-        threading.Thread(target=lambda: [store.append("shared", Message.user("x")) for _ in range(50)])
-        for _ in range(4)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    _assert_gap_free(store, 200)
 
 
 def test_one_read_is_one_snapshot_while_another_writer_commits(sql_url: str) -> None:

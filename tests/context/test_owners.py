@@ -1,4 +1,8 @@
-"""A session belongs to one owner: reads and writes naming another owner are refused, nothing written."""
+"""Session owners: input checks, processes racing for one session, and the upgrade of unowned sessions.
+
+That every entry point refuses another owner's session, and that the first owned
+write claims it for good, is in the conformance suite (test_suite.py).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,81 +21,9 @@ from statekeep.context import ContextStore, Message, SQLContextStore
 from statekeep.context import sql as context_sql
 from statekeep.db import Database, Migration, upgrade
 from statekeep.db.migrations import current_version
-from statekeep.errors import ContextError, InvalidInputError, SessionOwnerError
-
-from .conftest import StoreFactory
+from statekeep.errors import InvalidInputError, SessionOwnerError
 
 SECRET = Message.user("My PIN is 4711.")
-
-
-def _refused(info: pytest.ExceptionInfo[SessionOwnerError], owner: str, actual: str | None) -> None:
-    error = info.value
-    assert isinstance(error, ContextError)
-    assert (error.session_id, error.owner, error.actual_owner) == ("s", owner, actual)
-    assert repr(owner) in str(error)
-    if actual is not None:
-        assert repr(actual) in str(error)
-
-
-def test_every_entry_point_refuses_another_owners_session_and_writes_nothing(store: ContextStore) -> None:
-    """append, extend, find, events and build with bob as owner of alice's session: refused, untouched."""
-    store.claim("s", "alice")
-    store.append("s", SECRET, key="k1", owner="alice")
-    before = store.events("s")
-    calls: list[Callable[[], object]] = [
-        lambda: store.append("s", Message.user("What is my PIN?"), owner="bob"),
-        lambda: store.append("s", SECRET, key="k1", owner="bob"),  # even an idempotent replay
-        lambda: store.extend("s", [Message.user("a"), Message.user("b")], owner="bob"),
-        lambda: store.find("s", "k1", owner="bob"),
-        lambda: store.events("s", owner="bob"),
-        lambda: store.build("s", 4000, owner="bob"),
-        lambda: store.claim("s", "bob"),
-    ]
-    for call in calls:
-        with pytest.raises(SessionOwnerError) as info:
-            call()
-        _refused(info, "bob", "alice")
-    assert store.events("s") == before
-    assert store.owner_of("s") == "alice"
-    assert store.events("s", owner="alice") == before
-    assert [m.content for m in store.build("s", 4000, owner="alice").messages] == ["My PIN is 4711."]
-    assert store.find("s", "k1", owner="alice") == before[0]
-
-
-def test_the_first_owned_write_claims_the_session_and_the_owner_never_changes(store: ContextStore) -> None:
-    """A new session appended to with an owner is that owner's; claims after that change nothing."""
-    assert store.owner_of("s") is None
-    store.append("s", SECRET, owner="alice")
-    assert store.owner_of("s") == "alice"
-    store.claim("s", "alice")  # idempotent
-    with pytest.raises(SessionOwnerError):
-        store.claim("s", "bob")
-    assert store.owner_of("s") == "alice"
-    store.extend("t", [Message.user("x")], owner="bob")
-    store.claim("empty", "bob")  # a claim alone creates the session, with no events
-    assert store.last_seq("empty") == 0
-    assert store.sessions_of("bob") == ["empty", "t"]
-    assert store.sessions_of("alice") == ["s"]
-    assert store.sessions_of("carol") == []
-
-
-def test_a_session_without_an_owner_is_claimed_by_a_write_and_refused_to_readers(store: ContextStore) -> None:
-    """Without owners the store works as before; an owned read of an unowned session waits for a claim."""
-    store.append("s", SECRET)  # no owner: not checked, not claimed
-    assert store.owner_of("s") is None
-    assert [e.seq for e in store.events("s")] == [1]
-    with pytest.raises(SessionOwnerError) as info:
-        store.build("s", 4000, owner="bob")
-    _refused(info, "bob", None)
-    assert "no owner yet" in str(info.value)
-    assert store.events("never-written", owner="bob") == []  # nothing to read, nothing refused
-    assert store.build("never-written", 4000, owner="bob").messages == ()
-    store.append("s", Message.user("again"), owner="alice")  # claims it
-    assert store.owner_of("s") == "alice"
-    store.append("s", Message.user("no owner given: unchecked"))
-    with pytest.raises(SessionOwnerError):
-        store.events("s", owner="bob")
-    assert store.last_seq("s") == 3
 
 
 def test_owner_arguments_are_checked(store: ContextStore) -> None:
@@ -108,16 +39,6 @@ def test_owner_arguments_are_checked(store: ContextStore) -> None:
         store.sessions_of("")
     assert store.last_seq("s") == 0
     assert store.owner_of("s") is None
-
-
-def test_a_second_store_on_the_same_database_sees_the_owner(make_store: StoreFactory) -> None:
-    """The owner is stored, not cached: a store opened later (another process) refuses too."""
-    make_store().append("s", SECRET, owner="alice")
-    again = make_store()
-    assert again.owner_of("s") == "alice"
-    with pytest.raises(SessionOwnerError):
-        again.append("s", Message.user("What is my PIN?"), owner="bob")
-    assert again.last_seq("s") == 1
 
 
 CLAIMER = """

@@ -47,6 +47,22 @@ class LookupEmbedder:
         return self.vectors[[int(t.split("-")[1]) for t in texts]]
 
 
+class CachedEmbedder:
+    """The real embedder, with the vectors of texts embedded once before (each backend reuses them)."""
+
+    def __init__(self, real: SentenceTransformerEmbedder, texts: list[str]) -> None:
+        self.real = real
+        self.name = real.name
+        self.dimension = real.dimension
+        self.cache = dict(zip(texts, real.embed(texts), strict=True))
+
+    def embed(self, texts: Any) -> npt.NDArray[np.float32]:
+        missing = [t for t in texts if t not in self.cache]
+        if missing:
+            self.cache.update(zip(missing, self.real.embed(missing), strict=True))
+        return np.stack([self.cache[t] for t in texts]) if texts else self.real.embed([])
+
+
 def open_backend(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., MemoryStore]:
     """A function that opens (or reopens) one fresh store location of ``backend``."""
     if backend == "memory":

@@ -82,3 +82,32 @@ def test_any_owner_string_sees_exactly_its_own_memories(
         assert [r.memory.owner for r in store.search(owner, "note", k=10, mode="hybrid")] == [owner]
         assert store.forget(owner).removed == 1
         assert len(store.list_memories("control")) == (0 if owner == "control" else 1)
+
+
+def test_a_folder_of_an_earlier_version_is_upgraded_with_identities_and_write_order(tmp_path: Path) -> None:
+    """A table without the deduplication and ordering columns is rewritten with them on open."""
+    import lancedb
+    import pyarrow as pa
+
+    from statekeep.memory.lancedb import TABLE, _schema
+
+    new = ("key", "dedupe_key", "duplicate_score", "seq")
+    old_schema = pa.schema([f for f in _schema(16) if f.name not in new])
+    contents = ["Alice has a dog.", "Alice drinks tea.", "Bye!"]
+    none = [None] * 3
+    columns = {
+        "id": ["c", "b", "a"], "owner": ["alice"] * 3, "content": contents, "kind": ["semantic"] * 3,
+        "tags": [[]] * 3, "metadata": ["{}"] * 3, "source": ["imported"] * 3, "session_id": none,
+        "run_id": none, "event_id": none, "trust": [0.5] * 3, "model": [FakeEmbedder(16).name] * 3,
+        "created_us": [1, 2, 2], "expires_us": none, "superseded_by": none, "duplicate_of": none,
+        "vector": list(FakeEmbedder(16).embed(contents)),
+    }  # fmt: skip
+    lancedb.connect(str(tmp_path)).create_table(TABLE, data=pa.table(columns, schema=old_schema))
+    with LanceDBMemoryStore(tmp_path, FakeEmbedder(16)) as store:
+        listed = store.list_memories("alice")
+        assert [(m.id, m.seq) for m in listed] == [("c", 1), ("a", 2), ("b", 3)]  # by creation, then id
+        again = store.remember("alice", "ALICE drinks tea.")
+        assert again.id == "b"
+        assert store.remember("alice", "Alice has a cat.").seq == 4
+        assert store.search("alice", "Alice has a dog", k=1)[0].memory.id == "c"
+        assert store.search("alice", "dog", k=1, mode="hybrid")[0].memory.id == "c"

@@ -6,12 +6,15 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import psycopg
 import pytest
+from psycopg import pq
+from psycopg.adapt import PyFormat
 from sqlalchemy.engine import make_url
 
 from statekeep.db import Database
-from statekeep.errors import ConfigError, MemoryNotFoundError
+from statekeep.errors import ConfigError, MemoryNotFoundError, StorageError
 from statekeep.memory import FakeEmbedder, SentenceTransformerEmbedder
 from statekeep.memory.pgvector import PgVectorMemoryStore
 from tests.memory.test_conformance import Clock
@@ -124,17 +127,40 @@ def test_work_across_owners_refuses_a_role_that_row_level_security_confines(post
     admin.close()
 
 
-def test_filtered_search_uses_iterative_hnsw_scans(postgres_url: str) -> None:
-    """The search turns on hnsw.iterative_scan, so filtering cannot silently shrink the result."""
-    store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
-    store.remember_many("alice", [f"alice fact {i} tea" for i in range(5)])
-    seen: list[str] = []
+def test_a_search_is_one_round_trip_with_its_owner_and_settings_and_binary_vectors(postgres_url: str) -> None:
+    """The owner setting, iterative HNSW scans and custom plans travel with the query, in one pipeline.
+
+    Nothing goes through SQLAlchemy's statement path during a search: one psycopg
+    pipeline carries BEGIN, the settings, the query and COMMIT; vectors are bound
+    as pgvector's binary type, never formatted as text.
+    """
     from sqlalchemy import event
 
-    event.listen(store.db.engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+    from statekeep.memory.pgvector import _Statement
+
+    store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
+    store.remember_many("alice", [f"alice fact {i} tea" for i in range(5)])
+    store.remember("bob", "bob tea")
+    through_sqlalchemy: list[str] = []
+    event.listen(store.db.engine, "before_cursor_execute", lambda *a: through_sqlalchemy.append(a[2]))
+    assert [r.memory.owner for r in store.search("alice", "tea", k=10)] == ["alice"] * 5
+    assert len(store.search("alice", "tea", k=5, mode="hybrid")) == 5
+    assert through_sqlalchemy == []
+    probe = _Statement(
+        "SELECT current_setting('statekeep.owner') AS owner, current_setting('hnsw.iterative_scan') AS scan, "
+        "current_setting('plan_cache_mode') AS plans, pg_typeof(CAST(:v AS vector))::text AS type",
+        {"v": store.embedder.embed(["tea"])[0]},
+    )
+    seen = store._run("alice", [probe], write=False, search=True)[0]
+    assert seen == [
+        {"owner": "alice", "scan": "relaxed_order", "plans": "force_custom_plan", "type": "vector"}
+    ]
+    with store.db.read() as conn:
+        dumper = store._driver(conn).adapters.get_dumper(np.ndarray, PyFormat.AUTO)
+    assert dumper.format == pq.Format.BINARY
+    with pytest.raises(StorageError, match="division by zero"):  # a failed statement rolls back, cleanly
+        store._run("alice", [_Statement("SELECT 1 / 0", {}), probe], write=True)
     assert len(store.search("alice", "tea", k=5)) == 5
-    assert any("hnsw.iterative_scan = relaxed_order" in s for s in seen)
-    assert any("force_custom_plan" in s for s in seen)
     store.close()
 
 
@@ -148,3 +174,36 @@ def test_pgvector_store_accepts_a_shared_database_and_refuses_sqlite(
     with pytest.raises(ConfigError):
         PgVectorMemoryStore(sqlite_url, FakeEmbedder())
     db.dispose()
+
+
+def test_a_store_of_the_first_schema_is_upgraded_with_identities_and_write_order(postgres_url: str) -> None:
+    """Memories written before deduplication by identity get one, and a write order by creation time."""
+    import sqlalchemy as sa
+
+    from statekeep.db import upgrade
+    from statekeep.memory import _pgsql as q
+
+    db = Database(postgres_url)
+    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:1])
+    insert = (
+        f"INSERT INTO {q.TABLE} (owner, id, content, kind, source, trust, model, created_us, embedding) "
+        "VALUES ('alice', :id, :content, 'semantic', 'imported', 0.5, 'fake-hash-64', :t, CAST(:v AS vector))"
+    )
+    vector = "[" + ",".join(["0.125"] * 64) + "]"
+    with db.begin() as conn:
+        for mid, content, t in [
+            ("b", "Alice drinks tea.", 2),
+            ("a", "Alice has a dog.", 1),
+            ("c", "Bye!", 2),
+        ]:
+            conn.execute(sa.text(insert), {"id": mid, "content": content, "t": t, "v": vector})
+    db.dispose()
+    store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
+    listed = store.list_memories("alice")
+    assert [(m.id, m.seq) for m in listed] == [("a", 1), ("b", 2), ("c", 3)]
+    again = store.remember("alice", "alice drinks  TEA.")
+    assert again.id == "b"
+    assert again.dedupe is not None
+    assert again.dedupe.reason == "same_text"
+    assert store.remember("alice", "Alice has a cat.").seq == 4
+    store.close()

@@ -125,8 +125,9 @@ def test_without_a_valid_token_nothing_is_shown_or_decided(setup: tuple[Engine, 
             assert response.json()["error"] == "Unauthorized"
         broken = client.post(decision, content=b"{not json", headers=headers)
         assert broken.status_code == 401  # a stranger's bad body is not even read
-    for path in ("/docs", "/redoc", "/openapi.json"):  # no unauthenticated schema either
-        assert client.get(path).status_code == 404
+    for path in ("/docs", "/redoc", "/openapi.json"):  # no schema, and a stranger cannot even tell
+        assert client.get(path).status_code == 401
+        assert client.get(path, headers=auth(ALICE)).status_code == 404
     assert client.get("/health").json() == {"ok": True}
     assert engine.store.approval(ask.approval_id).status == "pending"
 
@@ -269,8 +270,16 @@ def test_statekeep_serve_decides_over_real_http(database_url: str, tmp_path: Pat
 
 
 def test_statekeep_serve_refuses_a_bad_tokens_file_in_one_line(sqlite_url: str, tmp_path: Path) -> None:
-    """A missing, non-JSON or non-object tokens file: exit 1 with one line naming it, no server."""
-    cases = {"missing.json": None, "bad.json": "{not json", "list.json": '["a"]', "weak.json": '{"a": "b"}'}
+    """A missing, non-JSON, deep or non-object tokens file, a bad scope, a zero body limit: one line."""
+    cases = {
+        "missing.json": None,
+        "bad.json": "{not json",
+        "list.json": '["a"]',
+        "weak.json": '{"a": "b"}',
+        "deep.json": "[" * 100_000 + "]" * 100_000,
+        "scope.json": json.dumps({"a": {"token": ALICE, "gates": []}}),
+        "typo.json": json.dumps({"a": {"token": ALICE, "gate": ["refund"]}}),
+    }
     for name, text in cases.items():
         path = tmp_path / name
         if text is not None:
@@ -286,6 +295,18 @@ def test_statekeep_serve_refuses_a_bad_tokens_file_in_one_line(sqlite_url: str, 
         assert out.returncode == 1, (name, out.stderr)
         assert out.stderr.startswith("error: "), (name, out.stderr)
         assert len(out.stderr.strip().splitlines()) == 1, (name, out.stderr)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(TOKENS))
+    out = subprocess.run(  # a body limit of 0 would refuse every decision
+        [sys.executable, "-m", "statekeep", "serve", "--tokens-file", str(good)],
+        env=cli_env(tmp_path, sqlite_url, STATEKEEP_WEB_MAX_BODY="0"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (out.returncode, out.stderr.count("\n")) == (1, 1), out.stderr
+    assert "max_body" in out.stderr
 
 
 def test_a_database_failure_is_503_and_the_answer_names_no_database(

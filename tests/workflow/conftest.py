@@ -82,3 +82,51 @@ def append(path: Path, line: str) -> None:
 def fresh_db(url: str) -> Database:
     """A new Database (new engine, new pool) for a forked child."""
     return Database(url)
+
+
+def wait_stopped(pid: int, timeout: float = 60.0) -> None:
+    """Wait until a child stops itself (SIGSTOP); fail if it exits or dies instead."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
+        if done and os.WIFSTOPPED(status):
+            return
+        if done:
+            raise AssertionError(
+                f"child {pid} ended ({os.waitstatus_to_exitcode(status)}) instead of stopping"
+            )
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"child {pid} did not stop within {timeout}s")
+
+
+# --- kill quotas -----------------------------------------------------------------------------------
+
+#: ``STATEKEEP_CRASH_SCALE=n`` multiplies the kill quota of every crash test (``make crash`` sets 10).
+SCALE_VARIABLE = "STATEKEEP_CRASH_SCALE"
+
+
+def crash_scale() -> int:
+    """The factor every crash test multiplies its kill quota by: 1 by default, at least 1."""
+    raw = os.environ.get(SCALE_VARIABLE, "").strip() or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise pytest.UsageError(f"{SCALE_VARIABLE} must be a whole number >= 1, not {raw!r}")
+    return int(raw)
+
+
+_KILLS: dict[str, int] = {}
+
+
+def tally_kills(request: pytest.FixtureRequest, kills: int) -> None:
+    """Count a test's SIGKILLs towards the total shown at the end of the session."""
+    nodeid = request.node.nodeid
+    _KILLS[nodeid] = _KILLS.get(nodeid, 0) + kills
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Report how many real processes the crash tests killed (the suite promises >= 200)."""
+    if _KILLS:
+        terminalreporter.write_sep("-", f"crash tests: {sum(_KILLS.values())} SIGKILLs")
+        for nodeid, kills in sorted(_KILLS.items()):
+            terminalreporter.write_line(f"{kills:6d}  {nodeid}")

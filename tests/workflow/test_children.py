@@ -60,27 +60,6 @@ def _hash(value: Any) -> str:
     return codec.digest(value)
 
 
-def test_a_stale_parent_holder_can_neither_create_nor_take_its_child(make_engine: EngineFactory) -> None:
-    """Once the parent is taken over, its old holder's open_run and acquire of the child write nothing."""
-    engine = make_engine(family([]))
-    engine.start(engine.registry.get("parent", 1), "p")
-    stale = engine.store.acquire("p", "worker-a", 30)
-    assert stale is not None
-    live = engine.store.acquire("p", "worker-b", 30)
-    assert live is not None
-    assert live.epoch == stale.epoch + 1
-    with pytest.raises(LeaseLostError):
-        engine.store.open_run(_child_fields(), parent=stale)
-    assert engine.store.find("kid-1") is None
-    engine.store.open_run(_child_fields(), parent=live)
-    with pytest.raises(LeaseLostError):
-        engine.store.acquire("kid-1", "worker-a", 30, parent=stale)
-    assert engine.store.get("kid-1").epoch == 0  # untouched by the stale holder
-    taken = engine.store.acquire("kid-1", "worker-b", 30, parent=live)
-    assert taken is not None
-    assert (taken.epoch, taken.lease_owner) == (1, "worker-b")
-
-
 def test_a_child_held_through_an_older_parent_epoch_is_taken_by_the_current_holder(
     make_engine: EngineFactory,
 ) -> None:

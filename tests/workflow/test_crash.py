@@ -3,11 +3,13 @@
 Each backend gets 100+ kills: 80 at chosen fault points (before a step, inside one,
 between a tool call's start and completion, between a completion and its commit)
 and 20+ at random times from the parent. After each kill a new process resumes.
+``STATEKEEP_CRASH_SCALE=n`` (``make crash``) multiplies the kills.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import signal
 import time
@@ -20,7 +22,7 @@ from statekeep.db import Database
 from statekeep.workflow import Engine, Run, RunStatus
 
 from . import crash_workload as workload
-from .conftest import fork, lines, wait
+from .conftest import crash_scale, fork, lines, tally_kills, wait
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
@@ -50,9 +52,7 @@ def crash_loop(
             continue
         point = workload.POINTS[sum(kills[p] for p in workload.POINTS) % len(workload.POINTS)]
         n = rng.randint(1, 3)
-        pid = fork(
-            lambda point=point, n=n: workload.child(url, work, point, n, reconcile, workload.FRESH_RUNS)
-        )
+        pid = fork(functools.partial(workload.child, url, work, point, n, reconcile, workload.FRESH_RUNS))
         code = wait(pid)
         assert code == -signal.SIGKILL, f"a child told to die at {point} #{n} exited with {code}"
         kills[point] += 1
@@ -105,9 +105,11 @@ def test_invariants_1_and_3_survive_sigkill_with_a_reconciler(
     """60 kills (50 at fault points, 10 random): all runs complete, no step re-runs, one charge each."""
     url = request.getfixturevalue(f"{backend}_url")
     engine = prepare(url)
-    kills = crash_loop(url, tmp_path, reconcile=True, point_kills=50, random_kills=10, seed=3)
-    assert sum(kills.values()) >= 60, kills
-    assert all(kills[p] >= 5 for p in workload.POINTS), kills
+    scale = crash_scale()
+    kills = crash_loop(url, tmp_path, reconcile=True, point_kills=50 * scale, random_kills=10 * scale, seed=3)
+    tally_kills(request, sum(kills.values()))
+    assert sum(kills.values()) >= 60 * scale, kills
+    assert all(kills[p] >= 5 * scale for p in workload.POINTS), kills
     finish(url, tmp_path, reconcile=True)
     runs = all_runs(engine)
     assert {r.status for r in runs} == {RunStatus.COMPLETED}
@@ -125,8 +127,12 @@ def test_invariant_3_ambiguous_calls_are_surfaced_never_repeated(
     """No reconciler, 42 kills (30 at fault points, 12 random): no effect twice, ambiguity surfaced."""
     url = request.getfixturevalue(f"{backend}_url")
     engine = prepare(url)
-    kills = crash_loop(url, tmp_path, reconcile=False, point_kills=30, random_kills=12, seed=7)
-    assert sum(kills.values()) >= 42, kills
+    scale = crash_scale()
+    kills = crash_loop(
+        url, tmp_path, reconcile=False, point_kills=30 * scale, random_kills=12 * scale, seed=7
+    )
+    tally_kills(request, sum(kills.values()))
+    assert sum(kills.values()) >= 42 * scale, kills
     assert kills["tool_started"] >= 1, kills
     finish(url, tmp_path, reconcile=False)
     check_no_completed_step_ran_again(engine, tmp_path)

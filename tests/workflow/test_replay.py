@@ -81,38 +81,6 @@ def test_take_notes_killed_inside_any_step_ends_with_three_lines(
     db.dispose()
 
 
-def test_state_during_replay_is_the_version_of_the_replayed_step(database_url: str) -> None:
-    """Replaying, ctx.state() returns None before the first state step, then each step's own version."""
-    seen: list[list[str] | None] = []
-    crash = {"armed": True}
-    registry = Registry()
-
-    def boom() -> None:
-        if crash["armed"]:
-            crash["armed"] = False
-            raise Crash
-
-    @registry.workflow("walk", version=1, state=Notes)
-    def walk(ctx: RunContext) -> None:
-        for i in range(3):
-            current = ctx.state(Notes)
-            seen.append(None if current is None else current.lines)
-            ctx.set_state(Notes(lines=[*(current.lines if current else []), str(i)]))
-            ctx.step(f"s{i}", lambda: None)
-        ctx.step("end", boom)
-
-    db = Database(database_url)
-    states = SQLWorkingStateStore(db)
-    with pytest.raises(Crash):
-        Engine(db, registry, state_store=states).run(walk, "w")
-    first = list(seen)
-    seen.clear()
-    assert Engine(db, registry, state_store=states).resume("w").status is RunStatus.COMPLETED
-    assert seen == first == [None, ["0"], ["0", "1"]]
-    assert [v.version for v in states.versions("w")] == [1, 2, 3]
-    db.dispose()
-
-
 def test_a_resume_attaches_no_state_to_sleeps_children_or_stateless_steps(database_url: str) -> None:
     """State staged before replayed steps is dropped: a resume writes no version that no step produced."""
     registry = Registry()

@@ -1,4 +1,8 @@
-"""Durable runs: ids, resume, conflicts, the step journal, retries, versions, children, state."""
+"""Durable runs through the engine: input checks, retries, non-determinism, state, async, errors.
+
+The store's invariants (the journal, resume by id, run-id conflicts, versions, cancel,
+children) are in the conformance suite (test_suite.py).
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,8 @@ from statekeep.db import Database
 from statekeep.errors import (
     InvalidInputError,
     NonDeterminismError,
-    RunConflictError,
-    RunNotFoundError,
     StepOutputError,
     UnknownWorkflowError,
-    WorkflowVersionError,
 )
 from statekeep.workflow import (
     AsyncRunContext,
@@ -57,81 +58,6 @@ def counting_registry(calls: list[str], crash_at: str | None = None) -> Registry
         return [ctx.step(f"s{i}", work, f"{prefix}{i}") for i in range(3)]
 
     return registry
-
-
-def test_run_executes_steps_and_records_output(make_engine: EngineFactory) -> None:
-    """A run executes each step once and stores the workflow's JSON output."""
-    calls: list[str] = []
-    engine = make_engine(counting_registry(calls))
-    run = engine.run(engine.registry.get("three", 1), "r-1", "a")
-    assert (run.status, run.output) == (RunStatus.COMPLETED, ["A0", "A1", "A2"])
-    assert calls == ["a0", "a1", "a2"]
-    assert [(s.seq, s.name, s.value) for s in engine.store.steps("r-1")] == [
-        (1, "s0", "A0"),
-        (2, "s1", "A1"),
-        (3, "s2", "A2"),
-    ]
-
-
-def test_invariant_1_completed_step_is_never_re_executed(make_engine: EngineFactory) -> None:
-    """After an interruption inside step 2, a resume replays step 1 from the journal and runs 2 and 3."""
-    calls: list[str] = []
-    engine = make_engine(counting_registry(calls, crash_at="a1"))
-    with pytest.raises(Crash):
-        engine.run(engine.registry.get("three", 1), "r-1", "a")
-    assert [s.name for s in engine.store.steps("r-1")] == ["s0"]
-    calls.clear()
-    again = make_engine(counting_registry(calls))
-    run = again.run(again.registry.get("three", 1), "r-1", "a")
-    assert run.output == ["A0", "A1", "A2"]
-    assert calls == ["a1", "a2"]
-
-
-def test_invariant_2_resume_needs_only_the_run_id(make_engine: EngineFactory) -> None:
-    """resume(run_id) finds the workflow and its input from the store and continues."""
-    calls: list[str] = []
-    engine = make_engine(counting_registry(calls, crash_at="x2"))
-    with pytest.raises(Crash):
-        engine.run(engine.registry.get("three", 1), "r-2", "x")
-    calls.clear()
-    run = make_engine(counting_registry(calls)).resume("r-2")
-    assert (run.status, run.output, calls) == (RunStatus.COMPLETED, ["X0", "X1", "X2"], ["x2"])
-
-
-def test_starting_a_finished_run_again_returns_it_without_running(make_engine: EngineFactory) -> None:
-    """The same id and input after completion is a resume: nothing runs again."""
-    calls: list[str] = []
-    engine = make_engine(counting_registry(calls))
-    engine.run(engine.registry.get("three", 1), "r", "a")
-    again = engine.run(engine.registry.get("three", 1), "r", "a")
-    assert (again.status, len(calls)) == (RunStatus.COMPLETED, 3)
-
-
-def test_unknown_run_id_raises_and_never_starts_a_fresh_run(make_engine: EngineFactory) -> None:
-    """Resuming an id nobody started raises RunNotFoundError and creates nothing."""
-    engine = make_engine(counting_registry([]))
-    with pytest.raises(RunNotFoundError) as err:
-        engine.resume("ghost")
-    assert err.value.run_id == "ghost"
-    assert engine.store.find("ghost") is None
-
-
-def test_same_id_with_another_workflow_or_input_conflicts(make_engine: EngineFactory) -> None:
-    """Reusing a run id for another workflow or another input raises and writes nothing."""
-    registry = counting_registry([])
-
-    @registry.workflow("other", version=1)
-    def other(ctx: RunContext, prefix: str) -> str:
-        return prefix
-
-    engine = make_engine(registry)
-    engine.run(registry.get("three", 1), "r", "a")
-    with pytest.raises(RunConflictError, match="belongs to workflow 'three'"):
-        engine.run(other, "r", "a")
-    with pytest.raises(RunConflictError, match="another input"):
-        engine.run(registry.get("three", 1), "r", "b")
-    assert engine.store.get("r").input == {"args": ["a"], "kwargs": {}}
-    assert len(engine.store.steps("r")) == 3
 
 
 def test_bad_run_ids_and_inputs_are_refused_before_writing(make_engine: EngineFactory) -> None:
@@ -283,25 +209,6 @@ def test_state_in_another_database_is_written_first_and_pointed_at(
     states.db.dispose()
 
 
-def test_child_run_is_linked_and_its_result_returned(make_engine: EngineFactory) -> None:
-    """A step can start a child run; parent and child are linked and the child output is recorded."""
-    registry = Registry()
-
-    @registry.workflow("child", version=1)
-    def child(ctx: RunContext, n: int) -> int:
-        return ctx.step("square", lambda: n * n)
-
-    @registry.workflow("parent", version=1)
-    def parent(ctx: RunContext) -> int:
-        return ctx.child(child, "kid-1", 3) + ctx.child(child, "kid-2", 4)
-
-    engine = make_engine(registry)
-    assert engine.run(parent, "p").output == 25
-    kids = engine.store.list_runs(parent_id="p")
-    assert [(k.run_id, k.output, k.parent_id) for k in kids] == [("kid-1", 9, "p"), ("kid-2", 16, "p")]
-    assert [s.kind for s in engine.store.steps("p")] == ["child", "child"]
-
-
 def test_async_workflow_and_async_steps_share_the_one_implementation(make_engine: EngineFactory) -> None:
     """An async workflow awaits sync and async steps; a sync workflow can run an async step too."""
     registry = Registry()
@@ -323,65 +230,6 @@ def test_async_workflow_and_async_steps_share_the_one_implementation(make_engine
     assert engine.run(awf, "a", 5).output == [10, 11]
     assert engine.run(swf, "s", 5).output == 10
     assert [s.name for s in engine.store.steps("a")] == ["double", "inc"]
-
-
-def test_invariant_5_another_version_without_migration_stops_and_is_listed(
-    make_engine: EngineFactory,
-) -> None:
-    """Resuming a v1 run under code that only has v2 raises naming both, and the run is listed held back."""
-    v1 = Registry()
-
-    @v1.workflow("flow", version=1)
-    def flow1(ctx: RunContext) -> str:
-        ctx.step("a", str, "a")
-        raise Crash
-
-    with pytest.raises(Crash):
-        make_engine(v1).run(flow1, "r")
-    v2 = Registry()
-
-    @v2.workflow("flow", version=2)
-    def flow2(ctx: RunContext) -> str:
-        return ctx.step("a", str, "a") + ctx.step("b", str, "b")
-
-    engine = make_engine(v2)
-    with pytest.raises(WorkflowVersionError) as err:
-        engine.resume("r")
-    assert (err.value.stored, err.value.available) == (1, [2])
-    assert "v1" in str(err.value)
-    assert "[2]" in str(err.value)
-    assert [(r.run_id, r.version) for r in engine.held_back()] == [("r", 1)]
-
-
-def test_invariant_5_a_registered_migration_upgrades_a_mid_run_workflow(make_engine: EngineFactory) -> None:
-    """A migration rewrites the journal for the new version; the run continues without redoing steps."""
-    v1 = Registry()
-
-    @v1.workflow("flow", version=1)
-    def flow1(ctx: RunContext) -> str:
-        ctx.step("fetch", str, "a")
-        raise Crash
-
-    with pytest.raises(Crash):
-        make_engine(v1).run(flow1, "r")
-    v2 = Registry()
-    ran: list[str] = []
-
-    @v2.workflow("flow", version=2)
-    def flow2(ctx: RunContext) -> str:
-        first = ctx.step("download", lambda: ran.append("download") or "new")
-        return first + ctx.step("b", lambda: ran.append("b") or "b")
-
-    @v2.migration("flow", from_version=1, to_version=2)
-    def rename(journal: list[StepRecord]) -> list[StepRecord]:
-        import dataclasses
-
-        return [dataclasses.replace(s, name="download") if s.name == "fetch" else s for s in journal]
-
-    engine = make_engine(v2)
-    run = engine.resume("r")
-    assert (run.status, run.output, run.version, ran) == (RunStatus.COMPLETED, "ab", 2, ["b"])
-    assert engine.held_back() == []
 
 
 def test_invariant_5_linear_storage_bytes_per_step_stay_constant(make_engine: EngineFactory) -> None:
@@ -410,20 +258,6 @@ def test_invariant_5_linear_storage_bytes_per_step_stay_constant(make_engine: En
         )
     assert long == 4 * short
     assert short / 50 < 500
-
-
-def test_cancel_stops_a_live_run_and_refuses_a_finished_one(make_engine: EngineFactory) -> None:
-    """cancel() ends a live run as cancelled; cancelling again is refused."""
-    from statekeep.errors import RunFinishedError
-
-    calls: list[str] = []
-    engine = make_engine(counting_registry(calls))
-    engine.start(engine.registry.get("three", 1), "r", "a")
-    assert engine.store.cancel("r").status is RunStatus.CANCELLED
-    assert engine.resume("r").status is RunStatus.CANCELLED
-    assert calls == []
-    with pytest.raises(RunFinishedError):
-        engine.store.cancel("r")
 
 
 def test_a_parent_waits_for_a_waiting_child_and_is_woken_when_it_finishes(make_engine: EngineFactory) -> None:

@@ -127,22 +127,6 @@ def test_idle_worker_backs_off_and_stops_on_request(make_engine: EngineFactory) 
     assert 4 <= claims[0] <= 12  # 10+20+40+80+160 ms, then every 160 ms
 
 
-def test_claim_takes_only_runnable_runs_of_known_versions(make_engine: EngineFactory, tmp_path: Path) -> None:
-    """A claim skips leased, waiting and foreign-version runs, and bumps the epoch of what it takes."""
-    registry = drain_registry(tmp_path / "effects")
-    engine = make_engine(registry)
-    drain = registry.get("drain", 1)
-    for rid in ("a", "b"):
-        engine.start(drain, rid)
-    first = engine.store.claim("w1", 30, 1, registry.runnable())
-    second = engine.store.claim("w2", 30, 5, registry.runnable())
-    assert len(first) == len(second) == 1
-    assert {first[0].run_id, second[0].run_id} == {"a", "b"}
-    assert (first[0].epoch, first[0].lease_owner, first[0].status) == (1, "w1", RunStatus.RUNNING)
-    assert engine.store.claim("w3", 30, 5, registry.runnable()) == []
-    assert engine.store.claim("w3", 30, 5, [("drain", 2)]) == []
-
-
 def test_worker_rejects_bad_settings(make_engine: EngineFactory) -> None:
     """Non-positive poll intervals or batch sizes raise InvalidInputError."""
     engine = make_engine(Registry())

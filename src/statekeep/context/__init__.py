@@ -17,7 +17,7 @@ from statekeep.context._types import (
 )
 from statekeep.context.base import ContextStore
 from statekeep.context.builder import BuiltContext
-from statekeep.context.memory import InMemoryContextStore
+from statekeep.context.inmemory import InMemoryContextStore
 from statekeep.context.render import to_anthropic, to_openai
 from statekeep.context.sql import SQLContextStore
 from statekeep.context.summarize import LLMSummarizer, OfflineSummarizer, Summarizer

@@ -138,6 +138,9 @@ class ContextStore(ABC):
 
     # --- writing -------------------------------------------------------------------------
 
+    def close(self) -> None:  # noqa: B027 - optional hook: the in-memory backend holds nothing
+        """Release connections; the store must not be used afterwards."""
+
     def append(
         self,
         session_id: str,

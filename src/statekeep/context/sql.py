@@ -417,6 +417,9 @@ class SQLContextStore(ContextStore):
         self._entry_cache = _EntryCache(keys=keys)
         setup(self.db)
 
+    def close(self) -> None:
+        self.db.dispose()
+
     @contextmanager
     def _view(self) -> Iterator[LogView]:
         with self.db.read("reading the context log") as conn:

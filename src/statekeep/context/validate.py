@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, cast
 
+from statekeep._json import check_json
 from statekeep._numbers import MAX_INT
 from statekeep._text import check_id, check_unicode
 from statekeep.context._types import MEMORY_SOURCES, MemoryItem, MemorySource, Message, ToolCall
@@ -119,11 +120,11 @@ def _check_calls(calls: tuple[ToolCall, ...]) -> None:
 
 
 def _check_json(payload: dict[str, Any]) -> None:
+    check_json(payload, "message")  # depth and lone surrogates, before json.dumps can recurse
     try:
         text = json.dumps(payload, allow_nan=False, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"not JSON-safe: {exc}", field="message") from exc
-    check_unicode(text, "message")  # stored as JSON text, which escapes NUL
     if json.loads(text) != payload:
         raise InvalidInputError("does not survive a JSON round trip unchanged", field="message")
 
@@ -168,11 +169,11 @@ def check_pinned(pinned: object) -> str | Mapping[str, Any] | None:
         return check_unicode(pinned, "pinned")
     if not isinstance(pinned, Mapping):
         raise InvalidInputError(f"must be text or a mapping, got {type(pinned).__name__}", field="pinned")
+    check_json(pinned, "pinned")
     try:
-        text = json.dumps(pinned, allow_nan=False, sort_keys=True, default=_no_default, ensure_ascii=False)
+        json.dumps(pinned, allow_nan=False, sort_keys=True, default=_no_default, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"not JSON-safe: {exc}", field="pinned") from exc
-    check_unicode(text, "pinned")
     return pinned
 
 

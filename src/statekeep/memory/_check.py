@@ -11,8 +11,9 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
+from statekeep._json import check_json
 from statekeep._numbers import check_duration
-from statekeep._text import check_storable, check_unicode
+from statekeep._text import check_storable
 from statekeep.errors import InvalidInputError
 from statekeep.memory._types import (
     MEMORY_KINDS,
@@ -101,11 +102,11 @@ def check_metadata(metadata: object) -> dict[str, Any]:
         return {}
     if not isinstance(metadata, Mapping):
         raise InvalidInputError("must be a dict", field="metadata")
+    check_json(metadata, "metadata")  # depth and lone surrogates, before json.dumps can recurse
     try:
         text = json.dumps(dict(metadata), allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"must be JSON: {exc}", field="metadata") from exc
-    check_unicode(text, "metadata")
     again: dict[str, Any] = json.loads(text)
     if again != dict(metadata) or "\\u0000" in text:
         raise InvalidInputError(
@@ -147,6 +148,7 @@ def check_input(item: object, now: datetime) -> MemoryInput:
         metadata=check_metadata(item.metadata),
         provenance=check_provenance(item.provenance),
         expires_at=expires,
+        key=None if item.key is None else check_text(item.key, "key", limit=MAX_OWNER),
     )
 
 
@@ -166,6 +168,7 @@ def check_filters(
     until: datetime | None,
     sources: Iterable[SourceKind] | SourceKind | None,
     min_trust: float | None,
+    include_merged: bool = False,
 ) -> Filters:
     """Validate search filters into a :class:`Filters`."""
     if min_trust is not None and (
@@ -175,6 +178,8 @@ def check_filters(
         or not 0 <= min_trust <= 1
     ):
         raise InvalidInputError("must be a number from 0 to 1", field="min_trust")
+    if not isinstance(include_merged, bool):
+        raise InvalidInputError("must be True or False", field="include_merged")
     return Filters(
         kinds=_choices(kinds, MEMORY_KINDS, "kinds"),
         tags=check_tags(tags),
@@ -182,4 +187,5 @@ def check_filters(
         until=check_time(until, "until"),
         sources=_choices(sources, SOURCE_KINDS, "sources"),
         min_trust=None if min_trust is None else float(min_trust),
+        include_merged=include_merged,
     )

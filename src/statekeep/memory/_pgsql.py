@@ -10,11 +10,14 @@ row's owner with that setting.
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from statekeep.db import Migration
+from statekeep.memory._dedupe import identity
 from statekeep.memory._rows import to_us
 from statekeep.memory._types import Filters
 
@@ -22,6 +25,8 @@ SCHEMA = "statekeep_memory"
 TABLE = f"{SCHEMA}.memories"
 PARTITIONS = 16
 OWNER_SETTING = "statekeep.owner"
+#: The write order of memories (``seq``): search breaks ties by content, then by it.
+SEQUENCE = f"{SCHEMA}.memory_seq"
 #: HNSW build effort: 32 (pgvector's default is 64) doubles write throughput; searches use
 #: ef_search=100 and iterative scans, which keep recall@10 above 0.95 (see bench/memory.py).
 EF_CONSTRUCTION = 32
@@ -32,13 +37,31 @@ PRIVATE_COLUMNS = ("owner", "id", "content", "tags", "metadata", "session_id", "
 
 SELECT_COLUMNS = (
     "id, owner, content, kind, tags, metadata, source, session_id, run_id, event_id, trust, model, "
-    "created_us, expires_us, superseded_by, duplicate_of"
+    "created_us, expires_us, superseded_by, duplicate_of, key, dedupe_key, duplicate_score, seq"
 )
-INSERT = sa.text(
-    f"INSERT INTO {TABLE} ({SELECT_COLUMNS}, embedding) VALUES (:id, :owner, :content, :kind, :tags, "
-    "CAST(:metadata AS jsonb), :source, :session_id, :run_id, :event_id, :trust, :model, :created_us, "
-    ":expires_us, :superseded_by, :duplicate_of, CAST(:embedding AS vector))"
+#: One memory in; its write order (``seq``) is the column's default. ``:embedding`` is sent in
+#: pgvector's binary format (a numpy array through pgvector's psycopg dumper).
+INSERT = (
+    f"INSERT INTO {TABLE} ({SELECT_COLUMNS.removesuffix(', seq')}, embedding) VALUES (:id, :owner, "
+    ":content, :kind, :tags, CAST(:metadata AS jsonb), :source, :session_id, :run_id, :event_id, :trust, "
+    ":model, :created_us, :expires_us, :superseded_by, :duplicate_of, :key, :dedupe_key, "
+    ":duplicate_score, :embedding)"
 )
+#: The write order of memories just inserted.
+SEQS = f"SELECT id, seq FROM {TABLE} WHERE owner = :owner AND id = ANY(:ids)"
+#: The transactions of ``PgVectorMemoryStore._run``, as ``Database.read`` and ``begin`` open them.
+BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+BEGIN_WRITE = "BEGIN"
+#: Mark a memory superseded by its successor.
+MARK = f"UPDATE {TABLE} SET superseded_by = :s WHERE owner = :owner AND id = :id"
+#: The owner's unexpired, not superseded memories with one of the identities, oldest first.
+SAME = (
+    f"SELECT {SELECT_COLUMNS} FROM {TABLE} WHERE owner = :owner AND dedupe_key = ANY(:keys) "
+    "AND superseded_by IS NULL AND (expires_us IS NULL OR expires_us > :now_us) ORDER BY seq"
+)
+#: The order of results among equal scores: content by code point (as Python compares), then write order.
+TIES = 'content COLLATE "C", seq'
+
 POLICY = f"owner = current_setting('{OWNER_SETTING}', true)"
 
 
@@ -72,6 +95,32 @@ def _create(conn: Connection) -> None:
 def _secure(conn: Connection, table: str) -> None:
     conn.exec_driver_sql(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
     conn.exec_driver_sql(f"CREATE POLICY owner_scope ON {table} USING ({POLICY}) WITH CHECK ({POLICY})")
+
+
+def _dedupe_and_order(conn: Connection) -> None:
+    """Identity (caller's key or normalised text), merge score, and write order of each memory."""
+    conn.exec_driver_sql(f"CREATE SEQUENCE {SEQUENCE} AS bigint")
+    conn.exec_driver_sql(
+        f"ALTER TABLE {TABLE} ADD COLUMN key text, ADD COLUMN dedupe_key text, "
+        "ADD COLUMN duplicate_score double precision, ADD COLUMN seq bigint"
+    )
+    # existing memories: their identity from their text, their order from creation (then id)
+    rows = conn.execute(sa.text(f"SELECT owner, id, content FROM {TABLE} ORDER BY created_us, id")).all()
+    if rows:
+        conn.execute(
+            sa.text(
+                f"UPDATE {TABLE} SET seq = nextval('{SEQUENCE}'), dedupe_key = :k "
+                "WHERE owner = :o AND id = :i"
+            ),
+            [{"k": identity(r.content, None), "o": r.owner, "i": r.id} for r in rows],
+        )
+    conn.exec_driver_sql(
+        f"ALTER TABLE {TABLE} ALTER COLUMN seq SET DEFAULT nextval('{SEQUENCE}'), "
+        "ALTER COLUMN seq SET NOT NULL"
+    )
+    conn.exec_driver_sql(f"CREATE INDEX memories_dedupe ON {TABLE} (owner, dedupe_key)")
+    for column in ("key", "dedupe_key"):
+        conn.exec_driver_sql(f"ALTER TABLE {TABLE} ALTER COLUMN {column} SET STATISTICS 0")
 
 
 #: Every column of an index expression in the memory schema (the HNSW indexes, partitions' included):
@@ -117,12 +166,36 @@ def _no_expression_statistics(conn: Connection) -> None:
 
 MIGRATIONS = [
     Migration(1, "memories, partitioned by owner, with row-level security", _create),
-    Migration(2, "no statistics on index expressions (embeddings)", _no_expression_statistics),
+    Migration(2, "deduplication by identity, and a write order that breaks ranking ties", _dedupe_and_order),
+    Migration(3, "no statistics on index expressions (embeddings)", _no_expression_statistics),
 ]
 
 
 #: How many memories an owner has, counting no further than ``:n`` (an index-only scan).
 BOUNDED_COUNT = f"SELECT count(*) FROM (SELECT 1 FROM {TABLE} WHERE owner = :owner LIMIT :n) AS s"
+
+
+_PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+_LITERAL = re.compile(r"('(?:[^']|'')*')")
+
+
+def pyformat(sql: str) -> str:
+    """A statement written with ``:name`` parameters in psycopg's ``%(name)s`` style.
+
+    Quoted literals are kept as they are, ``::`` casts too; every ``%`` is doubled.
+
+    Examples:
+        >>> pyformat("SELECT a::text FROM t WHERE m = 'x :y' AND o = :owner")
+        "SELECT a::text FROM t WHERE m = 'x :y' AND o = %(owner)s"
+    """
+    parts = _LITERAL.split(sql.replace("%", "%%"))
+    return "".join(p if i % 2 else _PARAM.sub(r"%(\1)s", p) for i, p in enumerate(parts))
+
+
+def settings_sql(names: Sequence[str]) -> str:
+    """One statement that sets each named setting for the rest of the transaction (``%(s<i>)s`` values)."""
+    calls = ", ".join(f"set_config({literal(n)}, %(s{i})s, true)" for i, n in enumerate(names))
+    return f"SELECT {calls}"
 
 
 def literal(value: str) -> str:
@@ -152,7 +225,8 @@ def scope_where(now_us: int | None, filters: Filters | None) -> tuple[str, dict[
     parts = ["owner = :owner"]
     params: dict[str, object] = {}
     if now_us is not None:
-        parts.append("superseded_by IS NULL AND duplicate_of IS NULL")
+        merged = filters is not None and filters.include_merged
+        parts.append("superseded_by IS NULL" if merged else "superseded_by IS NULL AND duplicate_of IS NULL")
         parts.append("(expires_us IS NULL OR expires_us > :now_us)")
         params["now_us"] = now_us
     if filters is not None:
@@ -188,19 +262,19 @@ def nearest_sql(model: str, dimension: int, clause: str) -> str:
     expr = vector_expr(dimension)
     return (
         f"SELECT {SELECT_COLUMNS}, {expr} <=> CAST(:q AS vector({int(dimension)})) AS distance "
-        f"FROM {TABLE} WHERE {clause} AND model = {literal(model)} ORDER BY distance LIMIT :k"
+        f"FROM {TABLE} WHERE {clause} AND model = {literal(model)} ORDER BY distance, {TIES} LIMIT :k"
     )
 
 
 def nearest_each_sql(model: str, dimension: int, clause: str) -> str:
     """The nearest current memory to each of many vectors, in one round trip (for duplicate checks)."""
     expr, dim = vector_expr(dimension), int(dimension)
-    # materialized, so each query vector is parsed once, not once per candidate row
+    # materialized, so each query vector is cast once, not once per candidate row
     return (
         f"WITH q AS MATERIALIZED (SELECT i, CAST(v AS vector({dim})) AS v "
-        f"FROM unnest(CAST(:vs AS text[])) WITH ORDINALITY AS u(v, i)) "
+        f"FROM unnest(CAST(:vs AS vector[])) WITH ORDINALITY AS u(v, i)) "
         f"SELECT q.i, m.* FROM q CROSS JOIN LATERAL (SELECT {SELECT_COLUMNS}, {expr} <=> q.v AS distance "
-        f"FROM {TABLE} WHERE {clause} AND model = {literal(model)} ORDER BY distance LIMIT 1) AS m"
+        f"FROM {TABLE} WHERE {clause} AND model = {literal(model)} ORDER BY distance, {TIES} LIMIT 1) AS m"
     )
 
 
@@ -209,7 +283,7 @@ def text_sql(clause: str) -> str:
     return (
         f"SELECT {SELECT_COLUMNS}, ts_rank_cd(tsv, q) AS rank FROM {TABLE}, "
         "CAST(replace(CAST(plainto_tsquery('english', :query) AS text), '&', '|') AS tsquery) AS q "
-        f"WHERE {clause} AND tsv @@ q ORDER BY rank DESC, id LIMIT :k"
+        f"WHERE {clause} AND tsv @@ q ORDER BY rank DESC, {TIES} LIMIT :k"
     )
 
 

@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from statekeep.memory._dedupe import identity
 from statekeep.memory._types import Memory, Provenance
 
 #: Flat columns every stored backend keeps (besides the vector).
@@ -26,6 +27,10 @@ COLUMNS = (
     "expires_us",
     "superseded_by",
     "duplicate_of",
+    "key",
+    "dedupe_key",
+    "duplicate_score",
+    "seq",
 )
 
 
@@ -66,11 +71,15 @@ def to_row(memory: Memory) -> dict[str, Any]:
         "expires_us": to_us(memory.expires_at),
         "superseded_by": memory.superseded_by,
         "duplicate_of": memory.duplicate_of,
+        "key": memory.key,
+        "dedupe_key": identity(memory.content, memory.key),
+        "duplicate_score": memory.duplicate_score,
+        "seq": memory.seq,
     }
 
 
 def from_row(row: dict[str, Any]) -> Memory:
-    """Inverse of :func:`to_row`; extra keys (scores, vectors) are ignored."""
+    """Inverse of :func:`to_row`; extra keys (scores, vectors, ``dedupe_key``) are ignored."""
     created = from_us(row["created_us"])
     assert created is not None
     metadata = row["metadata"]
@@ -87,4 +96,7 @@ def from_row(row: dict[str, Any]) -> Memory:
         expires_at=from_us(row["expires_us"]),
         superseded_by=row["superseded_by"],
         duplicate_of=row["duplicate_of"],
+        key=row["key"],
+        duplicate_score=None if row["duplicate_score"] is None else float(row["duplicate_score"]),
+        seq=int(row["seq"]),
     )

@@ -10,9 +10,14 @@ from typing import Any, Literal
 MemoryKind = Literal["semantic", "episodic", "procedural"]
 SourceKind = Literal["user_supplied", "agent_inferred", "system_verified", "imported"]
 SearchMode = Literal["vector", "hybrid"]
+#: What ``remember`` does with a memory that matches one already stored (see :class:`MemoryStore`).
+DedupeMode = Literal["exact", "similar", "none"]
+#: Why ``remember`` did not add a new, independently searchable memory.
+DedupeReason = Literal["same_key", "same_text", "similar"]
 
 MEMORY_KINDS: tuple[MemoryKind, ...] = ("semantic", "episodic", "procedural")
 SOURCE_KINDS: tuple[SourceKind, ...] = ("user_supplied", "agent_inferred", "system_verified", "imported")
+DEDUPE_MODES: tuple[DedupeMode, ...] = ("exact", "similar", "none")
 
 #: The trust a memory gets from its source kind when the caller does not set one.
 DEFAULT_TRUST: Mapping[SourceKind, float] = {
@@ -64,6 +69,33 @@ class MemoryInput:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     provenance: Provenance = field(default_factory=Provenance)
     expires_at: datetime | None = None
+    #: The fact's identity, when the caller knows it: a later memory with the same key is the same fact.
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Dedupe:
+    """What ``remember`` did with a memory that matched one of the owner's memories.
+
+    ``same_key`` and ``same_text`` (the same text after normalisation): nothing
+    was stored, and the existing memory was returned (``stored`` is False).
+    ``similar`` (only with ``dedupe="similar"``): the new memory was stored and
+    linked to ``existing_id`` with ``duplicate_of``; ``similarity`` is the cosine.
+    """
+
+    reason: DedupeReason
+    existing_id: str
+    stored: bool
+    similarity: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The outcome as a JSON-ready dict."""
+        return {
+            "reason": self.reason,
+            "existing_id": self.existing_id,
+            "stored": self.stored,
+            "similarity": self.similarity,
+        }
 
 
 @dataclass(frozen=True, slots=True, eq=True)
@@ -71,8 +103,12 @@ class Memory:
     """One stored memory of one owner.
 
     ``superseded_by`` names the memory that replaced this one; ``duplicate_of``
-    names the earlier memory this one repeats. Neither kind is returned by
-    search; both stay readable with :meth:`MemoryStore.get` and in exports.
+    names the earlier memory this one was merged into (only with
+    ``dedupe="similar"``; ``duplicate_score`` is their cosine similarity).
+    Search returns neither kind unless asked (``include_merged=True`` returns
+    merged ones); both stay readable with :meth:`MemoryStore.get` and in exports.
+    ``seq`` is the store's write order; search breaks score ties by content, then by it.
+    ``dedupe`` is not stored: it tells the caller of ``remember`` what that call did.
     """
 
     id: str
@@ -87,6 +123,10 @@ class Memory:
     expires_at: datetime | None = None
     superseded_by: str | None = None
     duplicate_of: str | None = None
+    key: str | None = None
+    duplicate_score: float | None = None
+    seq: int = 0
+    dedupe: Dedupe | None = field(default=None, compare=False)
 
     @property
     def trust(self) -> float:
@@ -113,6 +153,9 @@ class Memory:
             "expires_at": self.expires_at.isoformat() if self.expires_at else None,
             "superseded_by": self.superseded_by,
             "duplicate_of": self.duplicate_of,
+            "duplicate_score": self.duplicate_score,
+            "key": self.key,
+            "seq": self.seq,
         }
 
 
@@ -168,6 +211,8 @@ class Filters:
     until: datetime | None = None
     sources: tuple[SourceKind, ...] = ()
     min_trust: float | None = None
+    #: Also return memories merged into another one (``duplicate_of``; superseded ones never).
+    include_merged: bool = False
 
     def matches(self, memory: Memory) -> bool:
         """True when ``memory`` passes every filter (the pure reference used by tests and memory)."""

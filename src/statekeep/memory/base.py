@@ -1,14 +1,19 @@
 """The long-term memory contract: owner-scoped, provenance-tracked, searchable, erasable.
 
-A backend implements a few primitives (``_insert``, ``_nearest``, ``_text``,
-``_get``, ``_list``, ``_mark_superseded``, ``_erase``, ``_purge``, ``_stale``,
-``_set_vectors``); validation, embedding, near-duplicate linking, hybrid fusion,
-export and re-embedding live here, once. Every primitive takes the owner and
-must never touch another owner's rows.
+A backend implements a few primitives (``_insert``, ``_same``, ``_nearest``,
+``_text``, ``_get``, ``_list``, ``_mark_superseded``, ``_erase``, ``_purge``,
+``_stale``, ``_set_vectors``); validation, embedding, deduplication, hybrid
+fusion, export and re-embedding live here, once. Every primitive takes the owner
+and must never touch another owner's rows.
+
+Ranking is deterministic: every backend orders results by score, then content
+(by code point), then write order (``seq``), so the same data and query give
+the same results on every run and every backend whose scores agree.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from abc import ABC, abstractmethod
@@ -19,8 +24,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from statekeep.errors import ConflictError, InvalidInputError, MemoryNotFoundError
-from statekeep.memory import _check
+from statekeep.memory import _check, _dedupe
 from statekeep.memory._types import (
+    DEDUPE_MODES,
+    Dedupe,
+    DedupeMode,
     Filters,
     ForgetReceipt,
     Memory,
@@ -39,11 +47,21 @@ from statekeep.memory.embedders import (
     is_embedder,
 )
 
-#: Cosine similarity at or above which a new memory is linked to an existing one as a duplicate.
+#: With ``dedupe="similar"``: the cosine similarity at or above which a new memory is merged
+#: into an existing one (linked with ``duplicate_of``).
 DEFAULT_DUPLICATE_THRESHOLD = 0.92
 #: The constant of reciprocal-rank fusion: score = sum(1 / (RRF_K + rank)).
 RRF_K = 60
 Progress = Callable[[int, int], None]
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+#: ``duplicate_threshold`` left out: it is then only used by ``dedupe="similar"`` (at 0.92).
+UNSET: Any = _Unset()
 
 
 def new_id() -> str:
@@ -51,16 +69,71 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+def rank_key(hit: SearchResult) -> tuple[float, str, int]:
+    """The order of search results: best score first, then content (by code point), then write order."""
+    return (-hit.score, hit.memory.content, hit.memory.seq)
+
+
+def top_k(fetch: Callable[[int], list[SearchResult]], k: int) -> list[SearchResult]:
+    """The ``k`` best of an engine that ranks by score but cuts ties at its limit arbitrarily.
+
+    ``fetch(n)`` returns the ``n`` best by score, ties in any order. Rows tied
+    with the k-th could be left out by its limit, so fetch more until the last
+    row fetched scores below the k-th: then every tied row was seen, and
+    :func:`rank_key` decides among them.
+    """
+    n = k + 1
+    while True:
+        hits = sorted(fetch(n), key=rank_key)
+        if len(hits) < n or hits[-1].score < hits[k - 1].score:
+            return hits[:k]
+        n *= 4
+
+
 def fuse(rankings: Sequence[Sequence[SearchResult]], k: int) -> list[SearchResult]:
-    """Reciprocal-rank fusion of several rankings into the top ``k``."""
+    """Reciprocal-rank fusion of several rankings into the top ``k`` (ties by :func:`rank_key`)."""
     scores: dict[str, float] = {}
     memories: dict[str, Memory] = {}
     for ranking in rankings:
         for rank, hit in enumerate(ranking, start=1):
             scores[hit.memory.id] = scores.get(hit.memory.id, 0.0) + 1.0 / (RRF_K + rank)
             memories[hit.memory.id] = hit.memory
-    best = sorted(scores, key=lambda i: (-scores[i], i))[:k]
-    return [SearchResult(memories[i], scores[i]) for i in best]
+    fused = [SearchResult(memories[i], score) for i, score in scores.items()]
+    return sorted(fused, key=rank_key)[:k]
+
+
+def _merged(memory: Memory) -> Memory:
+    """A stored memory as ``remember`` returns it: if it was merged into another, saying so."""
+    if memory.duplicate_of is None:
+        return memory
+    why = Dedupe("similar", memory.duplicate_of, stored=True, similarity=memory.duplicate_score)
+    return dataclasses.replace(memory, dedupe=why)
+
+
+def _policy(dedupe: object, threshold: object) -> tuple[DedupeMode, float | None]:
+    """The deduplication mode and threshold from the store's arguments (old ones included)."""
+    if (
+        threshold is not UNSET
+        and threshold is not None
+        and (isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 < threshold <= 1)
+    ):
+        raise InvalidInputError("must be in (0, 1]", field="duplicate_threshold")
+    if dedupe is None:  # before 'dedupe' existed: a threshold meant similarity merging, None meant off
+        if threshold is UNSET:
+            return "exact", None
+        return ("none", None) if threshold is None else ("similar", float(threshold))
+    mode: DedupeMode | None = next((m for m in DEDUPE_MODES if dedupe == m and isinstance(dedupe, str)), None)
+    if mode is None:
+        raise InvalidInputError(f"{dedupe!r} is not one of {list(DEDUPE_MODES)}", field="dedupe")
+    if mode == "similar":
+        if threshold is None:
+            raise InvalidInputError(
+                "dedupe='similar' needs a threshold in (0, 1]", field="duplicate_threshold"
+            )
+        return mode, DEFAULT_DUPLICATE_THRESHOLD if threshold is UNSET else float(threshold)
+    if threshold is not UNSET and threshold is not None:
+        raise InvalidInputError("is used only with dedupe='similar'", field="duplicate_threshold")
+    return mode, None
 
 
 class MemoryStore(ABC):
@@ -68,6 +141,19 @@ class MemoryStore(ABC):
 
     Every call names its owner, and no call reads, changes or deletes another
     owner's memories.
+
+    ``dedupe`` says what :meth:`remember` does with a memory the owner already has:
+
+    * ``"exact"`` (the default): a memory with the same ``key``, or without a key
+      and with the same text after normalisation (Unicode NFKC, case-folded,
+      whitespace collapsed), is the same fact; nothing is stored and the existing
+      memory is returned, with ``dedupe`` saying so. Anything else is stored.
+    * ``"similar"`` (opt-in; also chosen by giving ``duplicate_threshold``): as
+      ``"exact"``, and a memory whose embedding is at least ``duplicate_threshold``
+      (0.92 by default) from a current one is stored, merged into it
+      (``duplicate_of``, ``duplicate_score``) and returned with ``dedupe`` saying
+      so; search leaves it out unless ``include_merged=True``; export lists it.
+    * ``"none"``: every memory is stored (``duplicate_threshold=None`` also means this).
 
     Examples:
         >>> from statekeep.memory import FakeEmbedder, InMemoryMemoryStore, Provenance
@@ -86,15 +172,11 @@ class MemoryStore(ABC):
         self,
         embedder: Embedder | None = None,
         *,
-        duplicate_threshold: float | None = DEFAULT_DUPLICATE_THRESHOLD,
+        dedupe: DedupeMode | None = None,
+        duplicate_threshold: float | None = UNSET,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
-        if duplicate_threshold is not None and (
-            isinstance(duplicate_threshold, bool)
-            or not isinstance(duplicate_threshold, int | float)
-            or not 0 < duplicate_threshold <= 1
-        ):
-            raise InvalidInputError("must be in (0, 1], or None to turn it off", field="duplicate_threshold")
+        self.dedupe, self.duplicate_threshold = _policy(dedupe, duplicate_threshold)
         if embedder is not None and not is_embedder(embedder):
             raise InvalidInputError(
                 f"must be an Embedder (name, dimension, embed), not {type(embedder).__name__}",
@@ -105,7 +187,6 @@ class MemoryStore(ABC):
             if not isinstance(tick, datetime) or tick.tzinfo is None:
                 raise InvalidInputError("must be a function returning aware datetimes", field="clock")
         self.embedder: Embedder = embedder or SentenceTransformerEmbedder()
-        self.duplicate_threshold = duplicate_threshold
         self._clock = clock or (lambda: datetime.now(UTC))
 
     def now(self) -> datetime:
@@ -125,12 +206,14 @@ class MemoryStore(ABC):
         provenance: Provenance | None = None,
         expires_at: datetime | None = None,
         ttl: timedelta | None = None,
+        key: str | None = None,
     ) -> Memory:
         """Store one memory of ``owner`` and return it.
 
-        A near-duplicate of one of the owner's current memories (cosine
-        similarity at least ``duplicate_threshold``, same model) is stored but
-        linked to it with ``duplicate_of``, and search returns only the original.
+        If the owner already has this fact (the same ``key``, or the same text
+        after normalisation; see the store's ``dedupe``), nothing is stored and
+        the existing memory is returned, its ``dedupe`` saying why. Only with
+        ``dedupe="similar"`` is a merely similar memory merged into another.
 
         Examples:
             >>> from statekeep.memory import FakeEmbedder, InMemoryMemoryStore
@@ -139,17 +222,24 @@ class MemoryStore(ABC):
             ...                      provenance=Provenance("user_supplied", session_id="s1", run_id="r1"))
             >>> rex.owner, rex.kind, rex.trust, rex.provenance.run_id
             ('alice', 'episodic', 0.8, 'r1')
+            >>> again = store.remember("alice", "alice's dog is  called Rex")
+            >>> again.id == rex.id, again.dedupe.reason, again.dedupe.stored
+            (True, 'same_text', False)
 
         Raises:
             InvalidInputError: an argument is invalid; nothing was written.
         """
         expiry = _check.expiry(expires_at, ttl, self.now())
         meta = {} if metadata is None else metadata
-        item = MemoryInput(content, kind, _check.check_tags(tags), meta, provenance or Provenance(), expiry)
+        tags_ = _check.check_tags(tags)
+        item = MemoryInput(content, kind, tags_, meta, provenance or Provenance(), expiry, key)
         return self.remember_many(owner, [item])[0]
 
     def remember_many(self, owner: str, items: Sequence[MemoryInput | str]) -> list[Memory]:
         """Store many memories of ``owner``, embedded in one batch, in one write.
+
+        Returns one memory per item, in order; an item that repeats a stored memory
+        or an earlier item of the batch returns that memory (see :meth:`remember`).
 
         Raises:
             InvalidInputError: an item is invalid; nothing was written.
@@ -171,7 +261,8 @@ class MemoryStore(ABC):
         """Replace a memory with a new one; the old one is kept, marked, and points to it.
 
         Search never returns the old memory again, so contradicting facts do not
-        appear side by side. Omitted fields are taken from the old memory.
+        appear side by side. Omitted fields (the key too) are taken from the old
+        memory. The new memory is always stored: superseding never deduplicates.
 
         Raises:
             MemoryNotFoundError: the owner has no such memory.
@@ -187,6 +278,7 @@ class MemoryStore(ABC):
             old.metadata if metadata is None else metadata,
             provenance or old.provenance,
             expires_at,
+            old.key,
         )
         return self._write(owner, [item], dedupe=False, supersedes=old.id)[0]
 
@@ -198,27 +290,55 @@ class MemoryStore(ABC):
             raise InvalidInputError("must be a non-empty list of strings or MemoryInput", field="items")
         now = self.now()
         inputs = [_check.check_input(item, now) for item in items]
-        vectors = self._embed([i.content for i in inputs])
-        ids = [new_id() for _ in inputs]
-        links = self._duplicates(owner, vectors, ids) if dedupe else [None] * len(inputs)
-        memories = [
-            self._memory(mid, owner, item, now, link)
-            for mid, item, link in zip(ids, inputs, links, strict=True)
-        ]
-        if supersedes is None:
-            self._insert(memories, vectors)
-        else:
-            self._insert_superseding(memories[0], vectors, supersedes)
-        return memories
+        idents = [_dedupe.identity(i.content, i.key) for i in inputs]
+        policy: DedupeMode = self.dedupe if dedupe else "none"
+        found = self._same(owner, sorted(set(idents)), now) if policy != "none" else {}
+        first: dict[str, int] = {}  # identity -> the batch item that stores it
+        fresh: list[int] = []
+        for i, ident in enumerate(idents):
+            if policy == "none" or (ident not in found and ident not in first):
+                first.setdefault(ident, i)
+                fresh.append(i)
+        stored: dict[int, Memory] = {}
+        if fresh:
+            vectors = self._embed([inputs[i].content for i in fresh])
+            ids = [new_id() for _ in fresh]
+            links = self._similar(owner, vectors, ids) if policy == "similar" else [None] * len(fresh)
+            memories = [
+                self._memory(mid, owner, inputs[i], now, ident, link)
+                for mid, i, ident, link in zip(ids, fresh, [idents[i] for i in fresh], links, strict=True)
+            ]
+            if supersedes is None:
+                written = self._insert(memories, vectors)
+            else:
+                written = [self._insert_superseding(memories[0], vectors, supersedes)]
+            stored = dict(zip(fresh, map(_merged, written), strict=True))
+        out = []
+        for i, ident in enumerate(idents):
+            if i in stored:
+                out.append(stored[i])
+                continue
+            existing = found[ident] if ident in found else stored[first[ident]]
+            why = Dedupe("same_key" if inputs[i].key is not None else "same_text", existing.id, stored=False)
+            out.append(dataclasses.replace(existing, dedupe=why))
+        return out
 
-    def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> None:
+    def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> Memory:
         """Insert ``new`` and mark ``old_id`` superseded by it; transactional backends do both at once."""
-        self._insert([new], vectors)
+        stored = self._insert([new], vectors)[0]
         self._mark_superseded(new.owner, old_id, new.id)
+        return stored
 
     def _memory(
-        self, memory_id: str, owner: str, item: MemoryInput, now: datetime, duplicate_of: str | None
+        self,
+        memory_id: str,
+        owner: str,
+        item: MemoryInput,
+        now: datetime,
+        identity: str,
+        link: tuple[str, float] | None,
     ) -> Memory:
+        del identity  # backends store it from (content, key); kept in the signature for overrides
         return Memory(
             id=memory_id,
             owner=owner,
@@ -230,18 +350,21 @@ class MemoryStore(ABC):
             model=self.embedder.name,
             created_at=now,
             expires_at=item.expires_at,
-            duplicate_of=duplicate_of,
+            duplicate_of=None if link is None else link[0],
+            key=item.key,
+            duplicate_score=None if link is None else link[1],
         )
 
     def _embed(self, texts: Sequence[str]) -> Vectors:
         return check_vectors(self.embedder, self.embedder.embed(texts), len(texts))
 
-    def _duplicates(self, owner: str, vectors: Vectors, ids: list[str]) -> list[str | None]:
-        """For each new vector, the id it duplicates: a stored memory, or an earlier one of the batch."""
-        if self.duplicate_threshold is None:
+    def _similar(self, owner: str, vectors: Vectors, ids: list[str]) -> list[tuple[str, float] | None]:
+        """For each new vector, what it merges into (a stored or an earlier new memory) and the cosine."""
+        threshold = self.duplicate_threshold
+        if threshold is None:
             return [None] * len(vectors)
         now = self.now()
-        links: list[str | None] = []
+        links: list[tuple[str, float] | None] = []
         originals: list[int] = []  # batch items that are not duplicates themselves
         stored = self._nearest_each(owner, vectors, now)
         for i, vec in enumerate(vectors):
@@ -252,7 +375,7 @@ class MemoryStore(ABC):
                 j = int(np.argmax(sims))
                 if sims[j] > score:
                     score, link = float(sims[j]), ids[originals[j]]
-            links.append(link if score >= self.duplicate_threshold else None)
+            links.append((link, score) if link is not None and score >= threshold else None)
             if links[-1] is None:
                 originals.append(i)
         return links
@@ -273,13 +396,17 @@ class MemoryStore(ABC):
         sources: Iterable[SourceKind] | SourceKind | None = None,
         min_trust: float | None = None,
         vector: Sequence[float] | None = None,
+        include_merged: bool = False,
     ) -> list[SearchResult]:
         """The owner's ``k`` current memories nearest in meaning to ``query``, best first.
 
         ``mode="hybrid"`` fuses the vector ranking with a full-text ranking
-        (reciprocal-rank fusion). Superseded, duplicate and expired memories, and
-        memories embedded by another model, are never returned. Pass ``vector``
-        to reuse a query embedding already computed with this store's embedder.
+        (reciprocal-rank fusion). Superseded and expired memories, and memories
+        embedded by another model, are never returned; memories merged into
+        another (``dedupe="similar"``) only with ``include_merged=True``. Pass
+        ``vector`` to reuse a query embedding already computed with this store's
+        embedder. Ties in score are broken by content, then write order, so the
+        same data and query give the same results on every run.
 
         Examples:
             >>> from statekeep.memory import FakeEmbedder, InMemoryMemoryStore
@@ -298,14 +425,13 @@ class MemoryStore(ABC):
         k = _check.check_k(k)
         if mode not in ("vector", "hybrid"):
             raise InvalidInputError("must be 'vector' or 'hybrid'", field="mode")
-        filters = _check.check_filters(kinds, tags, since, until, sources, min_trust)
+        filters = _check.check_filters(kinds, tags, since, until, sources, min_trust, include_merged)
         vec = self._query_vector(query, vector)
         now = self.now()
         pool = k if mode == "vector" else max(k * 4, 20)
-        hits = self._nearest(owner, vec, pool, filters, now)
         if mode == "vector":
-            return hits[:k]
-        return fuse([hits, self._text(owner, query, pool, filters, now)], k)
+            return self._nearest(owner, vec, pool, filters, now)[:k]
+        return fuse(list(self._hybrid(owner, vec, query, pool, filters, now)), k)
 
     def _query_vector(self, query: str, vector: Sequence[float] | None) -> Vectors:
         if vector is None:
@@ -340,16 +466,21 @@ class MemoryStore(ABC):
         return memory
 
     def list_memories(self, owner: str) -> list[Memory]:
-        """Every unexpired memory of the owner, oldest first, superseded and duplicates included."""
-        return sorted(self._list(_check.check_owner(owner), self.now()), key=lambda m: (m.created_at, m.id))
+        """Every unexpired memory of the owner, oldest first, superseded and merged ones included."""
+        return sorted(self._list(_check.check_owner(owner), self.now()), key=lambda m: (m.created_at, m.seq))
 
     def export(self, owner: str) -> str:
-        """All of the owner's memories as a JSON document (for a data-subject request or a backup)."""
+        """All of the owner's memories as a JSON document (for a data-subject request or a backup).
+
+        Superseded and merged memories are included (``superseded_by``, ``duplicate_of``);
+        ``merged`` counts the memories merged into another.
+        """
         memories = self.list_memories(owner)
         doc = {
             "owner": owner,
             "exported_at": self.now().isoformat(),
             "count": len(memories),
+            "merged": sum(m.duplicate_of is not None for m in memories),
             "memories": [m.as_dict() for m in memories],
         }
         return json.dumps(doc, ensure_ascii=False, indent=2)
@@ -446,14 +577,31 @@ class MemoryStore(ABC):
     # --- primitives ----------------------------------------------------------------------
 
     @abstractmethod
-    def _insert(self, memories: list[Memory], vectors: Vectors) -> None:
-        """Store memories (all of one owner) with their vectors, atomically."""
+    def _insert(self, memories: list[Memory], vectors: Vectors) -> list[Memory]:
+        """Store memories (all of one owner) with their vectors, atomically; return them as stored.
+
+        The store gives each its ``seq``, increasing in the order of ``memories``.
+        """
+
+    @abstractmethod
+    def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
+        """For each identity (:func:`_dedupe.identity`) the owner's oldest unexpired,
+        not superseded memory that has it (merged ones included), if any."""
 
     @abstractmethod
     def _nearest(
         self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
     ) -> list[SearchResult]:
-        """Current, unexpired memories of ``owner`` by this model, nearest first; score = cosine."""
+        """Current, unexpired memories of ``owner`` by this model, nearest first; score = cosine.
+
+        The ``k`` best by :func:`rank_key`: ties at the cut are decided by it, not by the engine.
+        """
+
+    def _hybrid(
+        self, owner: str, vector: Vectors, query: str, k: int, filters: Filters, now: datetime
+    ) -> tuple[list[SearchResult], list[SearchResult]]:
+        """The vector and the full-text ranking of a hybrid search (backends override to do both at once)."""
+        return self._nearest(owner, vector, k, filters, now), self._text(owner, query, k, filters, now)
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         """The nearest current memory of ``owner`` to each vector (backends override to batch it)."""
@@ -461,7 +609,10 @@ class MemoryStore(ABC):
 
     @abstractmethod
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
-        """Current, unexpired memories of ``owner`` ranked by full-text relevance to ``query``."""
+        """Current, unexpired memories of ``owner`` ranked by full-text relevance to ``query``.
+
+        The ``k`` best by :func:`rank_key`, as for :meth:`_nearest`.
+        """
 
     @abstractmethod
     def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import threading
 from datetime import datetime
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from statekeep.memory import base
+from statekeep.memory._dedupe import identity
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Embedder, Vectors
 
@@ -45,20 +47,37 @@ class InMemoryMemoryStore(base.MemoryStore):
         super().__init__(embedder, **kw)
         self._rows: dict[str, dict[str, tuple[Memory, Vectors]]] = shared._rows if shared else {}
         self._lock: threading.RLock = shared._lock if shared else threading.RLock()
+        self._seq: itertools.count[int] = shared._seq if shared else itertools.count(1)
 
     def _owned(self, owner: str) -> dict[str, tuple[Memory, Vectors]]:
         return self._rows.get(owner, {})
 
-    def _insert(self, memories: list[Memory], vectors: Vectors) -> None:
+    def _insert(self, memories: list[Memory], vectors: Vectors) -> list[Memory]:
+        stored = []
         with self._lock:
             for memory, vector in zip(memories, vectors, strict=True):
+                memory = dataclasses.replace(memory, seq=next(self._seq))
                 self._rows.setdefault(memory.owner, {})[memory.id] = (memory, vector.copy())
+                stored.append(memory)
+        return stored
+
+    def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
+        wanted = set(identities)
+        found: dict[str, Memory] = {}
+        for m, _ in sorted(self._owned(owner).values(), key=lambda row: row[0].seq):
+            ident = identity(m.content, m.key)
+            if ident in wanted and ident not in found and m.superseded_by is None and _alive(m, now):
+                found[ident] = m
+        return found
 
     def _candidates(self, owner: str, filters: Filters, now: datetime) -> list[tuple[Memory, Vectors]]:
         return [
             (m, v)
             for m, v in self._owned(owner).values()
-            if m.is_current and _alive(m, now) and filters.matches(m)
+            if m.superseded_by is None
+            and (m.duplicate_of is None or filters.include_merged)
+            and _alive(m, now)
+            and filters.matches(m)
         ]
 
     def _nearest(
@@ -68,9 +87,16 @@ class InMemoryMemoryStore(base.MemoryStore):
         rows = [(m, v) for m, v in self._candidates(owner, filters, now) if m.model == model]
         if not rows:
             return []
-        sims = np.stack([v for _, v in rows]) @ vector
-        order = np.argsort(-sims, kind="stable")[:k]
-        return [SearchResult(rows[i][0], float(sims[i])) for i in order]
+        # row by row, not a matrix product: BLAS may sum a row differently by its position, and two
+        # memories with the same vector must score exactly alike (their tie is broken by rank_key)
+        sims = (np.stack([v for _, v in rows]) * vector).sum(axis=1, dtype=np.float64)
+        if len(rows) > k:  # the k best and every row tied with the k-th; rank_key orders them
+            cut = np.partition(sims, len(sims) - k)[len(sims) - k]
+            keep = np.flatnonzero(sims >= cut)
+        else:
+            keep = np.arange(len(rows))
+        hits = [SearchResult(rows[i][0], float(sims[i])) for i in keep]
+        return sorted(hits, key=base.rank_key)[:k]
 
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
         terms = words(query)
@@ -79,7 +105,7 @@ class InMemoryMemoryStore(base.MemoryStore):
             for m, _ in self._candidates(owner, filters, now)
         ]
         hits = [r for r in scored if r.score > 0]
-        return sorted(hits, key=lambda r: (-r.score, r.memory.id))[:k]
+        return sorted(hits, key=base.rank_key)[:k]
 
     def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:
         row = self._owned(owner).get(memory_id)

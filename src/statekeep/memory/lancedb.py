@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from os import PathLike
 from pathlib import Path
@@ -26,6 +27,7 @@ import numpy as np
 from statekeep._numbers import check_int
 from statekeep.errors import ConfigError, ErasureError, InvalidInputError, MissingDependencyError
 from statekeep.memory import _lock, base
+from statekeep.memory._dedupe import identity
 from statekeep.memory._rows import COLUMNS, from_row, to_row, to_us
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Embedder, Vectors
@@ -46,11 +48,13 @@ def _in(column: str, values: Sequence[str]) -> str:
 def where(owner: str, filters: Filters | None = None, now: datetime | None = None, **eq: str) -> str:
     """The SQL filter of a scoped query: the owner always, then what was asked.
 
-    ``now`` restricts to current (not superseded, not duplicate), unexpired memories.
+    ``now`` restricts to current (not superseded, not merged unless the filters
+    include merged ones), unexpired memories.
     """
     parts = [f"owner = {quote(owner)}"] + [f"{k} = {quote(v)}" for k, v in eq.items()]
     if now is not None:
-        parts.append("superseded_by IS NULL AND duplicate_of IS NULL")
+        merged = filters is not None and filters.include_merged
+        parts.append("superseded_by IS NULL" if merged else "superseded_by IS NULL AND duplicate_of IS NULL")
         parts.append(f"(expires_us IS NULL OR expires_us > {to_us(now)})")
     if filters is not None:
         parts.extend(_filter_parts(filters))
@@ -96,6 +100,10 @@ def _schema(dimension: int) -> Any:
             ("expires_us", pa.int64()),
             ("superseded_by", text),
             ("duplicate_of", text),
+            ("key", text),
+            ("dedupe_key", text),
+            ("duplicate_score", pa.float64()),
+            ("seq", pa.int64()),
             ("vector", pa.list_(pa.float32(), dimension)),
         ]
     )
@@ -165,13 +173,51 @@ class LanceDBMemoryStore(base.MemoryStore):
         # this store is the only writer (the folder lock), so in-process caches stay true
         self._owner_rows: dict[str, int] = {}
         self._indexed = self._has_vector_index()
+        self._next_seq = self._max_seq() + 1
 
     def _open_table(self) -> Any:
         if TABLE in self._db.list_tables().tables:
-            return self._db.open_table(TABLE)
+            table = self._db.open_table(TABLE)
+            if "seq" not in table.schema.names:
+                table = self._upgrade(table)
+            return table
         table = self._db.create_table(TABLE, schema=_schema(self.embedder.dimension))
         _fts_index(table)
         return table
+
+    def _upgrade(self, table: Any) -> Any:
+        """Rewrite a table of an older statekeep with the columns of deduplication and ranking.
+
+        Each memory gets its identity (from its text), and a ``seq`` in the order it
+        was written (creation time, then id); the indexes are rebuilt by ``optimize``.
+        """
+        import pyarrow as pa
+
+        old = table.to_arrow()
+        created, ids, contents = (old.column(c).to_pylist() for c in ("created_us", "id", "content"))
+        seq = [0] * old.num_rows
+        for rank, i in enumerate(sorted(range(old.num_rows), key=lambda i: (created[i], ids[i])), start=1):
+            seq[i] = rank
+        dimension = int(old.schema.field("vector").type.list_size)
+        schema = _schema(dimension)
+        added = {
+            "key": pa.nulls(old.num_rows, pa.string()),
+            "dedupe_key": pa.array([identity(c, None) for c in contents], pa.string()),
+            "duplicate_score": pa.nulls(old.num_rows, pa.float64()),
+            "seq": pa.array(seq, pa.int64()),
+        }
+        data = pa.table({n: added[n] if n in added else old.column(n) for n in schema.names}, schema=schema)
+        table = self._db.create_table(TABLE, data=data, schema=schema, mode="overwrite")
+        _fts_index(table)
+        table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+        return table
+
+    def _max_seq(self) -> int:
+        import pyarrow.compute as pc
+
+        if not self._table.count_rows():
+            return 0
+        return int(pc.max(self._table.to_lance().to_table(columns=["seq"]).column("seq")).as_py() or 0)
 
     @property
     def _dimension(self) -> int:
@@ -183,13 +229,26 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     # --- writes ---------------------------------------------------------------------------
 
-    def _insert(self, memories: list[Memory], vectors: Vectors) -> None:
+    def _insert(self, memories: list[Memory], vectors: Vectors) -> list[Memory]:
         if self._dimension != vectors.shape[1]:
             self._resize(vectors.shape[1])
+        # the folder lock makes this store the only writer: its counter is the table's order
+        memories = [replace(m, seq=self._next_seq + i) for i, m in enumerate(memories)]
         self._table.add(_arrow(memories, vectors, vectors.shape[1]))
+        self._next_seq += len(memories)
         owner = memories[0].owner
         if owner in self._owner_rows:
             self._owner_rows[owner] += len(memories)
+        return memories
+
+    def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
+        found: dict[str, Memory] = {}
+        alive = f"superseded_by IS NULL AND (expires_us IS NULL OR expires_us > {to_us(now)})"
+        for start in range(0, len(identities), 1000):
+            clause = f"{where(owner)} AND {alive} AND {_in('dedupe_key', identities[start : start + 1000])}"
+            for row in sorted(self._rows(clause, [*COLUMNS]), key=lambda r: int(r["seq"])):
+                found.setdefault(row["dedupe_key"], from_row(row))
+        return found
 
     def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
         self._table.update(where=where(owner, id=memory_id), values={"superseded_by": successor})
@@ -236,8 +295,12 @@ class LanceDBMemoryStore(base.MemoryStore):
         if self._dimension != vector.shape[0]:
             return []  # no vector of this model can be stored yet
         clause = where(owner, filters, now, model=self.embedder.name)
-        rows = self._vector_query(vector, owner, clause, k).to_list()
-        return [SearchResult(from_row(r), 1.0 - float(r["_distance"])) for r in rows]
+
+        def fetch(n: int) -> list[SearchResult]:
+            rows = self._vector_query(vector, owner, clause, n).to_list()
+            return [SearchResult(from_row(r), 1.0 - float(r["_distance"])) for r in rows]
+
+        return base.top_k(fetch, k)
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         if self._dimension != vectors.shape[1]:
@@ -251,9 +314,13 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
         clause = where(owner, filters, now)
-        search = self._table.search(query, query_type="fts", fts_columns="content")
-        rows = search.where(clause, prefilter=True).limit(k).to_list()
-        return [SearchResult(from_row(r), float(r["_score"])) for r in rows]
+
+        def fetch(n: int) -> list[SearchResult]:
+            search = self._table.search(query, query_type="fts", fts_columns="content")
+            rows = search.where(clause, prefilter=True).limit(n).to_list()
+            return [SearchResult(from_row(r), float(r["_score"])) for r in rows]
+
+        return base.top_k(fetch, k)
 
     def _rows(self, clause: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
         q = self._table.search().where(clause)

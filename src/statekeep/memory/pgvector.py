@@ -11,17 +11,28 @@
   the deleted bytes (a plain ``VACUUM`` only marks them free). Statistics are
   off on every column and index expression that holds memory content, and
   erasure clears whatever pg_statistic sampled of the partition's indexes.
+* One round trip per call: a search's transaction (its owner setting and search
+  settings, the query, the commit) goes out in one psycopg pipeline, and vectors
+  travel in pgvector's binary format, not as text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 import numpy as np
+import psycopg
 import sqlalchemy as sa
+from pgvector.psycopg.vector import register_vector_info
+from psycopg import pq
+from psycopg.rows import dict_row
+from psycopg.types import TypeInfo
 from sqlalchemy.engine import Connection
 
 from statekeep._numbers import check_int
@@ -41,15 +52,27 @@ NOT_REACHED = (
 )
 
 
-def _vec(vector: Vectors) -> str:
-    return "[" + ",".join(map(str, vector.tolist())) + "]"
+#: How long searches trust what they learnt of an owner's size (exact search, or the HNSW index).
+SIZE_HINT_SECONDS = 30.0
 
 
-def _mark(conn: Connection, owner: str, memory_id: str, successor: str) -> None:
-    conn.execute(
-        sa.text(f"UPDATE {q.TABLE} SET superseded_by = :s WHERE owner = :owner AND id = :id"),
-        {"s": successor, "owner": owner, "id": memory_id},
-    )
+@dataclass(frozen=True)
+class _Statement:
+    """One statement of a pipelined transaction: ``:name`` SQL, its parameters, run once or per row."""
+
+    sql: str
+    params: Mapping[str, Any] | Sequence[Mapping[str, Any]]
+    many: bool = False
+
+
+def _rows(cursor: psycopg.Cursor[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every row a cursor received (none for an ``executemany``)."""
+    rows: list[dict[str, Any]] = []
+    while True:
+        if cursor.description is not None:
+            rows.extend(cursor.fetchall())
+        if not cursor.nextset():
+            return rows
 
 
 class PgVectorMemoryStore(base.MemoryStore):
@@ -97,6 +120,9 @@ class PgVectorMemoryStore(base.MemoryStore):
                 exc, "setting up the memory tables (is the vector extension installed?)"
             ) from exc
         self._indexed: set[tuple[str, int]] = set()
+        self._vector_type: TypeInfo | None = None
+        self._binary: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+        self._big: dict[str, tuple[bool, float]] = {}  # owner -> (searched through HNSW, when learnt)
         self._ensure_index(self.embedder.name, self.embedder.dimension)
 
     def _ensure_index(self, model: str, dimension: int) -> None:
@@ -111,13 +137,91 @@ class PgVectorMemoryStore(base.MemoryStore):
                 q.statistics_off(conn)  # the new index's expression: never sampled into pg_statistic
         self._indexed.add((model, dimension))
 
+    def _driver(self, conn: Connection) -> psycopg.Connection[Any]:
+        """The psycopg connection under ``conn``, sending numpy vectors in pgvector's binary format."""
+        raw: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
+        if raw not in self._binary:
+            if self._vector_type is None:
+                self._vector_type = TypeInfo.fetch(raw, "vector")
+            register_vector_info(raw, self._vector_type)  # registers no loader we use; dumpers only
+            self._binary.add(raw)
+        return raw
+
     @contextmanager
     def _scoped(self, owner: str, *, write: bool = True) -> Iterator[Connection]:
         """A transaction in which row-level security lets only ``owner``'s rows through."""
         what = f"{'writing' if write else 'reading'} memories of {owner!r}"
         with self.db.begin(what) if write else self.db.read(what) as conn:
+            self._driver(conn)
             conn.execute(sa.text(f"SELECT set_config('{q.OWNER_SETTING}', :o, true)"), {"o": owner})
             yield conn
+
+    def _run(
+        self, owner: str, statements: list[_Statement], *, write: bool, search: bool = False
+    ) -> list[list[dict[str, Any]]]:
+        """Run statements in one transaction scoped to ``owner``, in one round trip; return their rows.
+
+        The owner setting (row-level security lets only its rows through) and, for a
+        search, the planner settings open the transaction in one ``set_config``
+        statement; the statements and the commit follow in the same psycopg pipeline.
+        A search sets: custom plans always (a generic plan of a prepared statement
+        neither prunes partitions at plan time nor uses the index well); HNSW iterative
+        scans, so filters cannot shrink the result; and, for an owner at least
+        ``exact_below`` big, no sort of every row (ORDER BY ... LIMIT through the index).
+        """
+        settings = {q.OWNER_SETTING: owner}
+        if search:
+            settings |= {
+                "plan_cache_mode": "force_custom_plan",
+                "hnsw.iterative_scan": "relaxed_order",
+                "hnsw.ef_search": str(self.ef_search),
+            }
+            if self._is_big(owner):
+                settings["enable_sort"] = "off"
+        what = f"{'writing' if write else 'reading'} memories of {owner!r}"
+        try:
+            with self.db.begin(what) if write else self.db.read(what) as conn:
+                raw = self._driver(conn)
+                cursors = []
+                # psycopg would sync after its own BEGIN and again after COMMIT: send both ourselves,
+                # queued with the statements, so that the pipeline's one sync is the one round trip
+                raw.autocommit = True
+                try:
+                    with raw.pipeline():
+                        raw.execute(q.BEGIN_WRITE if write else q.BEGIN_READ)
+                        values = {f"s{i}": v for i, v in enumerate(settings.values())}
+                        raw.execute(q.settings_sql(list(settings)), values)
+                        for statement in statements:
+                            cursor = raw.cursor(row_factory=dict_row)
+                            sql = q.pyformat(statement.sql)
+                            if statement.many:
+                                # without returning: fetching rows mid-pipeline would wait for them
+                                cursor.executemany(sql, statement.params)
+                            else:
+                                cursor.execute(sql, statement.params)
+                            cursors.append(cursor)
+                        raw.execute("COMMIT")
+                finally:
+                    if raw.info.transaction_status != pq.TransactionStatus.IDLE:
+                        raw.rollback()  # a statement failed: the rest was skipped, the transaction aborted
+                    raw.autocommit = False  # as SQLAlchemy left it; its own commit finds nothing to do
+                return [_rows(cursor) for cursor in cursors]
+        except psycopg.Error as exc:
+            raise storage_error(exc, what) from exc
+
+    def _is_big(self, owner: str) -> bool:
+        """Whether the owner has at least ``exact_below`` memories (learnt at most SIZE_HINT_SECONDS ago).
+
+        Only the plan depends on it (exact, or through the index), never which rows may be seen.
+        """
+        hint = self._big.get(owner)
+        if hint is None or time.monotonic() - hint[1] > SIZE_HINT_SECONDS:
+            count = _Statement(q.BOUNDED_COUNT, {"owner": owner, "n": self.exact_below})
+            rows = self._run(owner, [count], write=False)[0]
+            if len(self._big) > 10_000:
+                self._big.clear()
+            hint = self._big[owner] = (int(rows[0]["count"]) >= self.exact_below, time.monotonic())
+        return hint[0]
 
     def grant(self, role: str) -> None:
         """Let ``role`` (a worker's login role) use the memory store, under row-level security.
@@ -131,6 +235,7 @@ class PgVectorMemoryStore(base.MemoryStore):
             conn.exec_driver_sql(f"GRANT USAGE ON SCHEMA {q.SCHEMA} TO {ident}")
             conn.exec_driver_sql(f"GRANT SELECT ON {q.SCHEMA}.memory_migrations TO {ident}")
             conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {q.TABLE} TO {ident}")
+            conn.exec_driver_sql(f"GRANT USAGE ON SEQUENCE {q.SEQUENCE} TO {ident}")
             conn.exec_driver_sql(f"GRANT MAINTAIN ON {', '.join(parts)} TO {ident}")
 
     def close(self) -> None:
@@ -139,75 +244,87 @@ class PgVectorMemoryStore(base.MemoryStore):
 
     # --- writes ---------------------------------------------------------------------------
 
-    def _insert(self, memories: list[Memory], vectors: Vectors, supersedes: str | None = None) -> None:
+    def _insert(
+        self, memories: list[Memory], vectors: Vectors, supersedes: str | None = None
+    ) -> list[Memory]:
         self._ensure_index(self.embedder.name, vectors.shape[1])
         owner = memories[0].owner
-        rows = [{**to_row(m), "embedding": _vec(v)} for m, v in zip(memories, vectors, strict=True)]
-        with self._scoped(owner) as conn:
-            conn.execute(q.INSERT, rows)
-            if supersedes is not None:  # in the same transaction: never both current, never neither
-                _mark(conn, owner, supersedes, memories[0].id)
+        rows = [{**to_row(m), "embedding": v} for m, v in zip(memories, vectors, strict=True)]
+        ids = [m.id for m in memories]
+        statements = [
+            _Statement(q.INSERT, rows, many=True),
+            _Statement(q.SEQS, {"owner": owner, "ids": ids}),  # the write order the column's default gave
+        ]
+        if supersedes is not None:  # in the same transaction: never both current, never neither
+            statements.append(_Statement(q.MARK, {"s": memories[0].id, "owner": owner, "id": supersedes}))
+        seqs = {r["id"]: int(r["seq"]) for r in self._run(owner, statements, write=True)[1]}
+        return [replace(m, seq=seqs[m.id]) for m in memories]
 
-    def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> None:
-        self._insert([new], vectors, supersedes=old_id)
+    def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> Memory:
+        return self._insert([new], vectors, supersedes=old_id)[0]
+
+    def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
+        found: dict[str, Memory] = {}
+        same = _Statement(q.SAME, {"owner": owner, "keys": identities, "now_us": to_us(now)})
+        for r in self._run(owner, [same], write=False)[0]:
+            found.setdefault(r["dedupe_key"], from_row(r))
+        return found
 
     def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
-        with self._scoped(owner) as conn:
-            _mark(conn, owner, memory_id, successor)
+        self._run(owner, [_Statement(q.MARK, {"s": successor, "owner": owner, "id": memory_id})], write=True)
 
     # --- reads ----------------------------------------------------------------------------
+
+    def _nearest_statement(
+        self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
+    ) -> _Statement:
+        clause, params = q.scope_where(to_us(now), filters)
+        sql = q.nearest_sql(self.embedder.name, vector.shape[0], clause)
+        return _Statement(sql, {**params, "owner": owner, "q": vector, "k": k})
+
+    def _text_statement(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> _Statement:
+        clause, params = q.scope_where(to_us(now), filters)
+        return _Statement(q.text_sql(clause), {**params, "owner": owner, "query": query, "k": k})
+
+    @staticmethod
+    def _neighbours(rows: list[dict[str, Any]]) -> list[SearchResult]:
+        found = [SearchResult(from_row(r), 1.0 - float(r["distance"])) for r in rows]
+        # relaxed_order may return neighbours slightly out of order: sort them here
+        return sorted(found, key=base.rank_key)
 
     def _nearest(
         self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
     ) -> list[SearchResult]:
-        clause, params = q.scope_where(to_us(now), filters)
-        sql = q.nearest_sql(self.embedder.name, vector.shape[0], clause)
-        with self._scoped(owner, write=False) as conn:
-            self._plan(conn, owner)
-            rows = conn.execute(sa.text(sql), {**params, "owner": owner, "q": _vec(vector), "k": k})
-            found = [(from_row(dict(r._mapping)), 1.0 - float(r.distance)) for r in rows]
-        # relaxed_order may return neighbours slightly out of order: sort them here
-        return [SearchResult(m, s) for m, s in sorted(found, key=lambda x: -x[1])]
+        statement = self._nearest_statement(owner, vector, k, filters, now)
+        return self._neighbours(self._run(owner, [statement], write=False, search=True)[0])
 
-    def _plan(self, conn: Connection, owner: str) -> None:
-        """Steer the plan: exact for a small owner, HNSW with iterative scans for a big one.
-
-        Custom plans always: a generic plan of a prepared statement (psycopg prepares after
-        five runs) neither prunes partitions at plan time nor uses the index well.
-        """
-        conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
-        conn.exec_driver_sql("SET LOCAL hnsw.iterative_scan = relaxed_order")
-        conn.exec_driver_sql(f"SET LOCAL hnsw.ef_search = {self.ef_search}")
-        count = conn.execute(sa.text(q.BOUNDED_COUNT), {"owner": owner, "n": self.exact_below}).scalar_one()
-        if count >= self.exact_below:  # ORDER BY ... LIMIT through the index, not a sort of every row
-            conn.exec_driver_sql("SET LOCAL enable_sort = off")
+    def _hybrid(
+        self, owner: str, vector: Vectors, query: str, k: int, filters: Filters, now: datetime
+    ) -> tuple[list[SearchResult], list[SearchResult]]:
+        """Both rankings of a hybrid search, in one transaction and one round trip."""
+        near = self._nearest_statement(owner, vector, k, filters, now)
+        text = self._text_statement(owner, query, k, filters, now)
+        near_rows, text_rows = self._run(owner, [near, text], write=False, search=True)
+        return self._neighbours(near_rows), [SearchResult(from_row(r), float(r["rank"])) for r in text_rows]
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         clause, params = q.scope_where(to_us(now), None)
         sql = q.nearest_each_sql(self.embedder.name, vectors.shape[1], clause)
         found: list[SearchResult | None] = [None] * len(vectors)
-        with self._scoped(owner, write=False) as conn:
-            self._plan(conn, owner)
-            rows = conn.execute(sa.text(sql), {**params, "owner": owner, "vs": [_vec(v) for v in vectors]})
-            for r in rows:
-                found[int(r.i) - 1] = SearchResult(from_row(dict(r._mapping)), 1.0 - float(r.distance))
+        statement = _Statement(sql, {**params, "owner": owner, "vs": list(vectors)})
+        for r in self._run(owner, [statement], write=False, search=True)[0]:
+            found[int(r["i"]) - 1] = SearchResult(from_row(r), 1.0 - float(r["distance"]))
         return found
 
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
-        clause, params = q.scope_where(to_us(now), filters)
-        with self._scoped(owner, write=False) as conn:
-            conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
-            rows = conn.execute(
-                sa.text(q.text_sql(clause)), {**params, "owner": owner, "query": query, "k": k}
-            )
-            return [SearchResult(from_row(dict(r._mapping)), float(r.rank)) for r in rows]
+        statement = self._text_statement(owner, query, k, filters, now)
+        rows = self._run(owner, [statement], write=False, search=True)[0]
+        return [SearchResult(from_row(r), float(r["rank"])) for r in rows]
 
     def _select(self, owner: str, extra: str, params: dict[str, Any]) -> list[Memory]:
         sql = f"SELECT {q.SELECT_COLUMNS} FROM {q.TABLE} WHERE owner = :owner {extra}"
-        with self._scoped(owner, write=False) as conn:
-            return [
-                from_row(dict(r._mapping)) for r in conn.execute(sa.text(sql), {**params, "owner": owner})
-            ]
+        rows = self._run(owner, [_Statement(sql, {**params, "owner": owner})], write=False)[0]
+        return [from_row(r) for r in rows]
 
     def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:
         extra = "AND id = :id AND (expires_us IS NULL OR expires_us > :now_us)"
@@ -230,6 +347,7 @@ class PgVectorMemoryStore(base.MemoryStore):
             removed = [r.id for r in deleted]
             q.clear_statistics(conn, partition)
         self._rewrite([partition], owner)
+        self._big.pop(owner, None)
         locations = [
             f"{partition}: heap, TOAST and every index rewritten (VACUUM FULL)",
             f"{partition}: no pg_statistic row of its index expressions",
@@ -288,8 +406,8 @@ class PgVectorMemoryStore(base.MemoryStore):
         self._ensure_index(model, vectors.shape[1])
         sql = f"UPDATE {q.TABLE} SET embedding = CAST(:v AS vector), model = :m WHERE owner = :o AND id = :i"
         rows = [
-            {"v": _vec(v), "m": model, "o": o, "i": i}
-            for (o, i), v in zip(keys, np.asarray(vectors), strict=True)
+            {"v": v, "m": model, "o": o, "i": i} for (o, i), v in zip(keys, np.asarray(vectors), strict=True)
         ]
         with self.db.begin() as conn:
+            self._driver(conn)  # vectors in binary
             conn.execute(sa.text(sql), rows)

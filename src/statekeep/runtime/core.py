@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from statekeep._numbers import MAX_INT
 from statekeep.config import Settings
-from statekeep.context import SQLContextStore
+from statekeep.context import ContextStore, SQLContextStore
 from statekeep.db import Database
 from statekeep.errors import InvalidInputError, SessionOwnerError
 from statekeep.models import AsyncModel, Model
@@ -16,7 +16,7 @@ from statekeep.runtime.agent import Agent, AgentState, check_run
 from statekeep.runtime.scope import current_scope, turn_limit
 from statekeep.runtime.steps import AgentSteps
 from statekeep.workflow import Engine, Registry, Run, RunContext, SQLWorkflowStore, Worker, Workflow
-from statekeep.working import SQLWorkingStateStore
+from statekeep.working import SQLWorkingStateStore, WorkingStateStore
 
 if TYPE_CHECKING:
     from statekeep.audit import AuditLog
@@ -47,8 +47,8 @@ class Runtime:
         self,
         *,
         engine: Engine,
-        context: SQLContextStore,
-        working: SQLWorkingStateStore,
+        context: ContextStore,
+        working: WorkingStateStore,
         memory: Callable[[], MemoryStore],
         model: Model | AsyncModel,
         keys: KeyRing | None = None,
@@ -332,9 +332,11 @@ class Runtime:
         if self._memory is not None:
             self._memory.close()
             self._memory = None
-        self.engine.store.close()
-        for db in {id(s.db): s.db for s in (self.context, self.working)}.values():
-            db.dispose()
+        for store in (self.engine.store, self.context, self.working):
+            store.close()  # stores that share a database each release it; a second dispose is a no-op
+        for extra in (self.keys, self.audit):
+            if extra is not None:
+                extra.db.dispose()
 
     def __enter__(self) -> Runtime:
         return self

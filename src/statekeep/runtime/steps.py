@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from statekeep.context import Event, MemoryItem, Message, SQLContextStore, ToolCall, to_openai
+from statekeep.context import ContextStore, Event, MemoryItem, Message, ToolCall, to_openai
 from statekeep.errors import AgentError, EventKeyConflictError
 from statekeep.models import AsyncModel, Model, ModelResponse, ToolSpec
 from statekeep.runtime.agent import Agent, AgentState, AgentTool
@@ -36,7 +36,7 @@ class AgentSteps:
 
     def __init__(
         self,
-        context: SQLContextStore,
+        context: ContextStore,
         model: Model | AsyncModel,
         memory: Callable[[], MemoryStore],
         *,

@@ -7,6 +7,6 @@
 ['/approvals', '/approvals/{approval_id}', '/approvals/{approval_id}/decision']
 """
 
-from statekeep.web.app import ApprovalOut, Decision, RunOut, create_app
+from statekeep.web.app import DEFAULT_MAX_BODY, ApprovalOut, Decision, Grant, RunOut, create_app
 
-__all__ = ["ApprovalOut", "Decision", "RunOut", "create_app"]
+__all__ = ["DEFAULT_MAX_BODY", "ApprovalOut", "Decision", "Grant", "RunOut", "create_app"]

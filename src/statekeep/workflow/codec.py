@@ -6,17 +6,27 @@ import hashlib
 import json
 from typing import Any
 
+from statekeep._json import MAX_DEPTH, json_problem
+
 
 class NotJSONError(ValueError):
     """Internal: a value does not survive a JSON round trip (callers wrap it)."""
 
 
-def to_json(value: Any) -> str:
+def to_json(value: Any, *, limit: int = MAX_DEPTH) -> str:
     """Encode ``value`` as compact JSON, refusing anything that would not decode back equal.
 
     Tuples, non-string keys, NaN and arbitrary objects are refused, so what a
-    replay returns is exactly what the first execution returned.
+    replay returns is exactly what the first execution returned. So are what the
+    other stores refuse (:func:`statekeep._json.json_problem`): nesting deeper
+    than ``limit`` (``MAX_DEPTH``; checked without recursion, before encoding)
+    and lone surrogates, which ``json.dumps`` would escape as ASCII and store, and
+    every reader that encodes text as UTF-8 would then fail on. An envelope the
+    engine wraps around a value it already stored passes ``limit=MAX_DEPTH + 1``.
     """
+    problem = json_problem(value, limit)
+    if problem is not None:
+        raise NotJSONError(f"{type(value).__name__} value {problem}")
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:

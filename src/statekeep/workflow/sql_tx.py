@@ -151,8 +151,10 @@ class SQLRunWrite(RunWrite):
         return approval_id
 
     def approval_pending(self, approval_id: str) -> bool:
+        # FOR SHARE: a decision being written right now is waited for and then seen (READ
+        # COMMITTED would read the old row, and the decider's wake finds the run still running)
         q = sa.select(approvals.c.status).where(approvals.c.approval_id == approval_id)
-        return bool(self.conn.execute(q).scalar_one() == "pending")
+        return bool(self.conn.execute(q.with_for_update(read=True)).scalar_one() == "pending")
 
     def expire_approval(self, approval_id: str) -> None:
         q = approvals.update().where(approvals.c.approval_id == approval_id, approvals.c.status == "pending")
@@ -188,8 +190,9 @@ class SQLRunWrite(RunWrite):
             wake(self.conn, self.run.parent_id, [RunStatus.WAITING_FOR_CHILD])
 
     def child_finished(self, child_id: str) -> bool:
-        status = self.conn.execute(sa.select(runs.c.status).where(runs.c.run_id == child_id)).scalar_one()
-        return RunStatus(status).finished
+        # FOR SHARE, for the same reason: a child finishing right now is waited for, then seen
+        q = sa.select(runs.c.status).where(runs.c.run_id == child_id).with_for_update(read=True)
+        return RunStatus(self.conn.execute(q).scalar_one()).finished
 
 
 # --- statements shared with the store's own transactions ------------------------------------

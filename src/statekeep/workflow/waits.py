@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from statekeep._json import MAX_DEPTH
 from statekeep._numbers import check_seconds
 from statekeep._text import check_id
 from statekeep.errors import ChildRunFailedError, InvalidInputError, Suspended
@@ -52,7 +53,7 @@ def wait_for_event(exe: Execution, name: str, timeout: float | None, default: An
     with exe.write() as tx:
         received, payload = tx.take_event(name, seq)
         if received or (due is not None and due <= now()):
-            output = codec.to_json({"received": received, "payload": payload})
+            output = codec.to_json({"received": received, "payload": payload}, limit=MAX_DEPTH + 1)
             exe.record(tx, seq, name, "event", codec.digest(name), output)
             return payload if received else default
         until = None if due is None else due.isoformat()

@@ -2,7 +2,7 @@
 
 from statekeep.working._types import StateVersion
 from statekeep.working.base import WorkingStateStore
-from statekeep.working.memory import InMemoryWorkingStateStore
+from statekeep.working.inmemory import InMemoryWorkingStateStore
 from statekeep.working.schema import StateMigrations, WorkingState, schema_of
 from statekeep.working.sql import SQLWorkingStateStore
 

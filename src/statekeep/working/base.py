@@ -48,6 +48,9 @@ class WorkingStateStore(ABC):
     def __init__(self, migrations: StateMigrations | None = None) -> None:
         self.migrations = migrations or StateMigrations()
 
+    def close(self) -> None:  # noqa: B027 - optional hook: the in-memory backend holds nothing
+        """Release connections; the store must not be used afterwards."""
+
     def save(
         self,
         run_id: str,

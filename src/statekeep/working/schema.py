@@ -13,6 +13,7 @@ from typing import Any, ClassVar, TypeVar
 import pydantic
 import pydantic_core
 
+from statekeep._json import MAX_DEPTH, text_depth
 from statekeep._numbers import check_int
 from statekeep._text import check_id
 from statekeep.errors import InvalidInputError, MigrationError, SchemaVersionError, StateValidationError
@@ -111,7 +112,7 @@ def encode(state: pydantic.BaseModel) -> tuple[str, int, str]:
     The JSON is decoded again and compared with the original, so a value that
     would not survive the round trip exactly (NaN, a float key, a model built
     with ``model_construct`` and invalid data) is refused before anything is
-    written.
+    written; so is a lone surrogate, and nesting deeper than ``MAX_DEPTH`` (64).
 
     Raises:
         StateValidationError: the state is not a model, is invalid, or is not JSON-exact.
@@ -126,6 +127,10 @@ def encode(state: pydantic.BaseModel) -> tuple[str, int, str]:
         raise StateValidationError(f"{type(state).__name__} is not valid: {exc}") from exc
     if again != state:
         raise StateValidationError(f"{type(state).__name__} does not survive a JSON round trip unchanged")
+    if text_depth(text) > MAX_DEPTH:  # pydantic itself stops at ~250 levels; the stores agree on fewer
+        raise StateValidationError(
+            f"{type(state).__name__} is nested more than {MAX_DEPTH} levels deep (models, lists and objects)"
+        )
     return name, version, text
 
 

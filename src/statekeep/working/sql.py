@@ -152,6 +152,9 @@ class SQLWorkingStateStore(WorkingStateStore):
     def _seal(self, record: StateVersion, owner: str | None) -> StateVersion:
         return self.sealed(record, owner, create=True)
 
+    def close(self) -> None:
+        self.db.dispose()
+
     def _append(self, record: StateVersion, expected: int | None) -> StateVersion:
         with self.db.begin(f"saving state of run {record.run_id!r}") as conn:
             stored = append(conn, record, expected)

@@ -1,0 +1,76 @@
+"""The saver's own schema: LangGraph checkpoints, channel blobs and pending writes.
+
+They live beside the workflow store's tables (same database, their own SQL schema
+``statekeep_langgraph`` on PostgreSQL) because a LangGraph checkpoint is not a
+workflow step: it names channel versions, not a journal position.
+
+A blob row is either a whole serialized channel value or, for a list channel that
+only grew, a *delta*: the serialized items appended since ``base_version`` of the
+same channel, and how many (``added``). Deltas keep an append-only ``messages``
+channel linear in the number of steps; reads join the chain back together.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from statekeep.db import Database, Migration, upgrade
+from statekeep.db.migrations import create_tables
+
+SCHEMA = "statekeep_langgraph"
+metadata = sa.MetaData(schema=SCHEMA)
+
+checkpoints = sa.Table(
+    "checkpoints",
+    metadata,
+    sa.Column("thread_id", sa.String(255), primary_key=True),
+    sa.Column("checkpoint_ns", sa.String(255), primary_key=True),
+    sa.Column("checkpoint_id", sa.String(64), primary_key=True),
+    sa.Column("parent_checkpoint_id", sa.String(64)),
+    # the run that wrote it (metadata["run_id"]), for delete_for_runs
+    sa.Column("run_id", sa.String(255), index=True),
+    sa.Column("type", sa.String(32), nullable=False),
+    # the checkpoint without its channel values, through the saver's serde
+    sa.Column("checkpoint", sa.LargeBinary, nullable=False),
+    sa.Column("metadata_type", sa.String(32), nullable=False),
+    sa.Column("metadata", sa.LargeBinary, nullable=False),
+    # {channel: version} as JSON text: what blobs the checkpoint reaches (garbage collection)
+    sa.Column("versions", sa.Text, nullable=False),
+)
+
+blobs = sa.Table(
+    "blobs",
+    metadata,
+    sa.Column("thread_id", sa.String(255), primary_key=True),
+    sa.Column("checkpoint_ns", sa.String(255), primary_key=True),
+    sa.Column("channel", sa.String(255), primary_key=True),
+    sa.Column("version", sa.String(64), primary_key=True),
+    # a serde type ("msgpack", "bytes"...), "empty" for a channel without value, or "delta"
+    sa.Column("type", sa.String(32), nullable=False),
+    sa.Column("blob", sa.LargeBinary),
+    sa.Column("base_version", sa.String(64)),
+    sa.Column("added", sa.Integer),
+)
+
+writes = sa.Table(
+    "writes",
+    metadata,
+    sa.Column("thread_id", sa.String(255), primary_key=True),
+    sa.Column("checkpoint_ns", sa.String(255), primary_key=True),
+    sa.Column("checkpoint_id", sa.String(64), primary_key=True),
+    sa.Column("task_id", sa.String(255), primary_key=True),
+    sa.Column("idx", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("channel", sa.String(255), nullable=False),
+    sa.Column("type", sa.String(32), nullable=False),
+    sa.Column("blob", sa.LargeBinary, nullable=False),
+    sa.Column("task_path", sa.String(1024), nullable=False, default=""),
+)
+
+MIGRATIONS = [
+    Migration(1, "checkpoints, blobs, writes", create_tables(metadata, "checkpoints", "blobs", "writes")),
+]
+
+
+def setup(db: Database) -> None:
+    """Create or upgrade the saver's tables (idempotent)."""
+    upgrade(db, "langgraph", SCHEMA, MIGRATIONS)

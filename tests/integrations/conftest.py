@@ -1,0 +1,1 @@
+"""The integrations need their frameworks (the ``langgraph`` and ``agents`` extras, in ``dev``)."""
