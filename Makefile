@@ -16,7 +16,7 @@ $(VENV)/.deps: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q -e '.[all]'
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.deps

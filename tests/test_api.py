@@ -58,13 +58,14 @@ def test_the_error_tree_in_the_docstring_names_every_error() -> None:
 
 
 def test_all_lists_every_public_name_of_the_package() -> None:
-    """Every public (non-module) name bound in statekeep/__init__.py is in __all__: the list is complete."""
+    """Every public (non-module) name of statekeep/__init__.py, bound or lazy, is in __all__."""
     import types
 
     public = {
         n for n, v in vars(statekeep).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)
     }
-    assert public == set(statekeep.__all__)
+    assert public | set(statekeep._LAZY) == set(statekeep.__all__)
+    assert all(getattr(statekeep, name) is not None for name in statekeep._LAZY)
 
 
 def test_every_docstring_example_in_the_package_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

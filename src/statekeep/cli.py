@@ -29,6 +29,7 @@ from statekeep.errors import InvalidInputError, StatekeepError
 
 if TYPE_CHECKING:
     from statekeep.audit import Action
+    from statekeep.db import Database
     from statekeep.memory import MemoryStore
     from statekeep.runtime import Runtime
     from statekeep.workflow import WorkflowStore
@@ -99,12 +100,24 @@ def _settings(database_url: str | None, home: str | None, memory_url: str | None
     return settings
 
 
+#: Databases a command opened; main() closes their connections when the command ends, so a
+#: PostgreSQL server sees them closed, not dropped (and an in-process caller leaks none).
+_OPENED: list[Database] = []
+
+
+def _opened(db: Database) -> Database:
+    _OPENED.append(db)
+    return db
+
+
 def _workflow(database_url: str | None, home: str | None) -> WorkflowStore:
     from statekeep.keys import open_key_ring
     from statekeep.workflow import SQLWorkflowStore
 
     settings = _settings(database_url, home)
-    return SQLWorkflowStore(settings.url_for("workflow"), keys=open_key_ring(settings))
+    store = SQLWorkflowStore(settings.url_for("workflow"), keys=open_key_ring(settings))
+    _opened(store.db)
+    return store
 
 
 def _memory(database_url: str | None, home: str | None, memory_url: str | None) -> MemoryStore:
@@ -142,8 +155,9 @@ def runs_list(
 
 @runs_app.command("show")
 def runs_show(run_id: str, database_url: DatabaseURL = None, home: Home = None) -> None:
-    """Show one run: status, input, output, error, checkpoint."""
-    run = _workflow(database_url, home).get(run_id)
+    """Show one run: status, input, output, error, checkpoint, and the tokens its model calls used."""
+    store = _workflow(database_url, home)
+    run = store.get(run_id)
     table = Table("field", "value", show_header=False)
     for name in (
         "run_id",
@@ -163,6 +177,9 @@ def runs_show(run_id: str, database_url: DatabaseURL = None, home: Home = None) 
         "waiting",
     ):
         table.add_row(name, literal(getattr(run, name)))
+    from statekeep.runtime.usage import run_usage
+
+    table.add_row("usage", literal(str(run_usage(store.steps(run_id)))))
     console.print(table)
 
 
@@ -197,6 +214,15 @@ def runs_cancel(run_id: str, database_url: DatabaseURL = None, home: Home = None
     run = _workflow(database_url, home).cancel(run_id)
     _audit(database_url, home, "cancel", run.run_id)
     console.print(literal(f"run {run.run_id}: {run.status}"))
+
+
+@runs_app.command("retry")
+def runs_retry(run_id: str, database_url: DatabaseURL = None, home: Home = None) -> None:
+    """Make a failed run runnable again: a worker continues it after its last completed step."""
+    run = _workflow(database_url, home).retry(run_id)
+    console.print(
+        literal(f"run {run.run_id}: {run.status}; a worker continues it after step #{run.last_seq}")
+    )
 
 
 # --- approvals -------------------------------------------------------------------------------
@@ -323,12 +349,10 @@ def serve(
     home: Home = None,
 ) -> None:
     """Serve the approval webhook: list, read and decide approvals over HTTP (needs statekeep[web])."""
-    try:
-        import uvicorn
-    except ImportError as exc:
-        from statekeep.errors import MissingDependencyError
+    from statekeep._extras import requires
 
-        raise MissingDependencyError("statekeep[web]", "statekeep serve") from exc
+    with requires("web", "statekeep serve"):
+        import uvicorn
     from statekeep._json import parse
     from statekeep.web import create_app
 
@@ -460,6 +484,7 @@ def context_show(
 
     settings = _settings(database_url, home)
     store = SQLContextStore(settings.url_for("context"), keys=open_key_ring(settings))
+    _opened(store.db)
     built = store.build(session, budget, system=system, compact=False, owner=owner)
     _audit(database_url, home, "read_context", session, {"messages": len(built.messages)})
     report = built.report
@@ -707,3 +732,6 @@ def main() -> None:
         else:
             err_console.print(literal(f"error: {exc}"), soft_wrap=True)
         raise SystemExit(int(getattr(exc, "exit_code", 2))) from None
+    finally:
+        while _OPENED:
+            _OPENED.pop().dispose()

@@ -7,6 +7,7 @@ them (``setting``, ``run_id``, ``owner``, ...) and build their own message::
     StatekeepError
     ├── ConfigError
     ├── MissingDependencyError
+    │   └── MissingExtraError
     ├── InvalidInputError
     │   ├── StateValidationError
     │   └── StepOutputError
@@ -85,6 +86,25 @@ class MissingDependencyError(StatekeepError):
         self.package = package
         self.feature = feature
         super().__init__(f"{feature} needs the package {package!r}: pip install {package}")
+
+
+class MissingExtraError(MissingDependencyError):
+    """A feature needs an extra of statekeep that is not installed; the message names it.
+
+    ``pip install statekeep`` installs the SQLite stores; PostgreSQL, LanceDB,
+    the embedding model and the approval webhook come with the extras
+    ``postgres``, ``lancedb``, ``embeddings`` and ``web`` (``all`` for every one).
+    """
+
+    def __init__(self, extra: str, feature: str, module: str) -> None:
+        self.extra = extra
+        self.feature = feature
+        self.package = module
+        StatekeepError.__init__(
+            self,
+            f"{feature} needs the {extra!r} extra: pip install 'statekeep[{extra}]' "
+            f"(the module {module!r} is not installed)",
+        )
 
 
 class InvalidInputError(StatekeepError, ValueError):
@@ -480,7 +500,26 @@ class LiveRunsError(ConflictError):
 
 
 class ModelError(StatekeepError):
-    """A model call failed (HTTP error, timeout, malformed answer)."""
+    """A model call failed (HTTP error, timeout, malformed answer).
+
+    ``retryable`` says whether the same call may succeed later (a timeout, a reset
+    connection, HTTP 408, 409, 429 or 5xx); ``retry_after`` is the wait in seconds
+    the provider asked for, if any; ``status`` is the HTTP status, if there was
+    one. The message carries the provider's own explanation.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+        super().__init__(message)
 
 
 class AgentError(StatekeepError):

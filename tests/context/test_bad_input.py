@@ -40,7 +40,7 @@ def _assistant_calling(arguments: Any) -> dict[str, Any]:
             lambda s: s.append("s1", {"role": "tool", "content": "x", "tool_call_id": "c", "is_error": "no"}),
             "message.is_error",
         ),
-        (lambda s: s.append("s1", Message("user", "x", is_error="yes")), "message.is_error"),
+        (lambda s: s.append("s1", Message("user", "x", is_error="yes")), "message.is_error"),  # type: ignore[arg-type]
         (lambda s: s.build("s1", 1000, memories=[{"content": "ok", "run_id": "\ud800"}]), "memories.run_id"),
     ],
 )

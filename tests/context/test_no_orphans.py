@@ -92,7 +92,7 @@ def generate(c: Chooser) -> History:
         action = c.pick(ACTIONS)
         text = f"{i}:" + "x" * c.integer(0, 60)
         if action in ("user", "assistant"):
-            messages.append(Message(action, text))
+            messages.append(Message.user(text) if action == "user" else Message.assistant(text))
         elif action == "big":
             messages.append(Message.user("B" * c.integer(300, 1500)))
         elif action == "turn":
@@ -138,7 +138,7 @@ def assert_well_formed(messages: list[Message]) -> None:
             owner = next(p for p in reversed(messages[:i]) if p.role != "tool")
             assert m.tool_call_id in {c.id for c in owner.tool_calls}
         if m.tool_calls:
-            following = [r.tool_call_id for r in messages[i + 1 : i + 1 + len(m.tool_calls)]]
+            following = [r.tool_call_id or "" for r in messages[i + 1 : i + 1 + len(m.tool_calls)]]
             assert sorted(following) == sorted(c.id for c in m.tool_calls)
 
 

@@ -74,7 +74,12 @@ def test_offline_summarizer_keeps_task_relevant_facts() -> None:
 def test_llm_summarizer_prompt_holds_previous_summary_and_transcript() -> None:
     """The LLM adapter sends instructions, the previous summary and a transcript, and strips the reply."""
     seen: list[str] = []
-    summarizer = LLMSummarizer(lambda p: seen.append(p) or " new ", name="m")
+
+    def model(prompt: str) -> str:
+        seen.append(prompt)
+        return " new "
+
+    summarizer = LLMSummarizer(model, name="m")
     text = summarizer.summarize(
         "old facts", [Message.assistant("x", tool_calls=[ToolCall("c", "t", {"a": 1})])]
     )

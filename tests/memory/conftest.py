@@ -1,13 +1,15 @@
 """Memory stores on every backend: in-memory (reference), LanceDB and pgvector.
 
-The real embedder (all-MiniLM-L6-v2) is loaded once per session; LanceDB and
-pgvector run the conformance suite with it, the in-memory reference with the
-deterministic fake unless a test asks for the real one.
+The real embedder (all-MiniLM-L6-v2) is loaded once per session; ``make_store``
+opens LanceDB and pgvector stores with it, the in-memory reference with the
+deterministic fake, unless a test passes another. The contract itself is tested by
+the conformance suite (``statekeep.testing.MemoryStoreSuite``, run in test_suite.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,16 @@ class CachedEmbedder:
         if missing:
             self.cache.update(zip(missing, self.real.embed(missing), strict=True))
         return np.stack([self.cache[t] for t in texts]) if texts else self.real.embed([])
+
+
+class Clock:
+    """A clock a test can move forward."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
 
 
 def open_backend(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., MemoryStore]:
@@ -118,4 +130,5 @@ def synthetic_vectors(n: int, dim: int, seed: int = 0) -> npt.NDArray[np.float32
     points = centers[rng.integers(0, len(centers), n)] + 0.6 * rng.standard_normal((n, dim)).astype(
         np.float32
     )
-    return points / np.linalg.norm(points, axis=1, keepdims=True)
+    unit: npt.NDArray[np.float32] = points / np.linalg.norm(points, axis=1, keepdims=True)
+    return unit

@@ -32,11 +32,11 @@ DIM = FakeEmbedder().dimension
         (lambda s: s.remember("alice", "x", kind=5), "kind"),
         (lambda s: s.remember("alice", "x", kind=["semantic"]), "kind"),
         (
-            lambda s: s.remember("alice", "x", provenance=Provenance(("user_supplied",), trust=0.5)),
+            lambda s: s.remember("alice", "x", provenance=Provenance(("user_supplied",), trust=0.5)),  # type: ignore[arg-type]
             "provenance.source",
         ),
-        (lambda s: s.remember("alice", "x", provenance=Provenance(None, trust=0.5)), "provenance.source"),
-        (lambda s: s.remember("alice", "x", provenance=Provenance(["user_supplied"])), "provenance.source"),
+        (lambda s: s.remember("alice", "x", provenance=Provenance(None, trust=0.5)), "provenance.source"),  # type: ignore[arg-type]
+        (lambda s: s.remember("alice", "x", provenance=Provenance(["user_supplied"])), "provenance.source"),  # type: ignore[arg-type]
         (lambda s: s.remember("alice", "x", ttl=timedelta.max), "ttl"),
         (lambda s: s.remember("alice", "x", ttl=3600), "ttl"),
         (lambda s: s.search("alice", "tea", kinds=5), "kinds"),
@@ -88,13 +88,13 @@ def test_a_memory_store_needs_a_real_location(
     [
         (lambda tmp: InMemoryMemoryStore(FakeEmbedder(), duplicate_threshold="3"), "duplicate_threshold"),
         (lambda tmp: InMemoryMemoryStore(FakeEmbedder(), duplicate_threshold=True), "duplicate_threshold"),
-        (lambda tmp: InMemoryMemoryStore(5), "embedder"),
+        (lambda tmp: InMemoryMemoryStore(5), "embedder"),  # type: ignore[arg-type]
         (lambda tmp: InMemoryMemoryStore(FakeEmbedder(), clock=5), "clock"),
         (lambda tmp: InMemoryMemoryStore(FakeEmbedder(), clock=lambda: datetime(2030, 1, 1)), "clock"),
-        (lambda tmp: FakeEmbedder("x"), "dimension"),
-        (lambda tmp: FakeEmbedder(2.5), "dimension"),
+        (lambda tmp: FakeEmbedder("x"), "dimension"),  # type: ignore[arg-type]
+        (lambda tmp: FakeEmbedder(2.5), "dimension"),  # type: ignore[arg-type]
         (lambda tmp: LanceDBMemoryStore(tmp / "m", FakeEmbedder(), exact_below=-1), "exact_below"),
-        (lambda tmp: LanceDBMemoryStore(tmp / "m", FakeEmbedder(), nprobes=None), "nprobes"),
+        (lambda tmp: LanceDBMemoryStore(tmp / "m", FakeEmbedder(), nprobes=None), "nprobes"),  # type: ignore[arg-type]
     ],
 )
 def test_store_options_are_checked_when_it_is_built(

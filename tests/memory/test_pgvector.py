@@ -17,12 +17,12 @@ from statekeep.db import Database
 from statekeep.errors import ConfigError, MemoryNotFoundError, StorageError
 from statekeep.memory import FakeEmbedder, SentenceTransformerEmbedder
 from statekeep.memory.pgvector import PgVectorMemoryStore
-from tests.memory.test_conformance import Clock
+from tests.memory.conftest import Clock
 
 
-def libpq(url: str, **changes: str) -> str:
-    """A SQLAlchemy URL as a libpq URL (psycopg), optionally with another user or password."""
-    return make_url(url).set(drivername="postgresql", **changes).render_as_string(hide_password=False)
+def libpq(url: str) -> str:
+    """A SQLAlchemy URL as a libpq URL (psycopg)."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def database_files(url: str) -> list[Path]:

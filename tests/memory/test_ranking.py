@@ -44,7 +44,7 @@ QUERIES = [
     "Thanks! I will.",
     "Who said goodbye on 9 June?",
 ]
-Opener = Callable[[str, Embedder], MemoryStore]
+Opener = Callable[..., MemoryStore]
 
 
 def corpus() -> list[MemoryInput]:
@@ -139,10 +139,11 @@ def test_two_ingests_of_the_same_data_rank_alike(
             keys = [(-score, content, n) for content, n, score in first]
             assert [k[:2] for k in keys] == sorted(k[:2] for k in keys), "ties broken by content"
         # the full-text ranking that hybrid search fuses, on its own: mostly ties
-        first, second = (
+        texts: list[list[tuple[str, Any]]] = [
             [(h.memory.content, h.memory.metadata["n"]) for h in full_text(s, query)] for s in stores
-        )
-        assert first == second, query
+        ]
+        first_text, second_text = texts
+        assert first_text == second_text, query
         scores = [h.score for h in full_text(stores[0], query)]
         ties += len(scores) - len(set(scores))
     assert ties > 200, "the corpus must be tie-heavy, or this test proves little"

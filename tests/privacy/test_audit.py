@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,11 @@ from statekeep.runtime import Runtime
 from statekeep.workflow import RunStatus
 from tests.privacy.conftest import Person, populate
 
+Cli = Callable[..., tuple[int, str]]
+
 
 @pytest.fixture
-def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
     """Run ``statekeep ARGS`` in this process against the test's stores; return (exit code, output)."""
     monkeypatch.setenv("STATEKEEP_HOME", str(settings.home))
     monkeypatch.setenv("STATEKEEP_DATABASE_URL", settings.database_url)
@@ -66,7 +69,7 @@ def test_the_audit_log_is_append_only_and_holds_counts_not_content(database_url:
 def test_cli_erase_refuses_live_runs_then_cancels_them_and_prints_the_receipt(
     settings: Settings,
     runtime: Runtime,
-    cli,  # type: ignore[no-untyped-def]
+    cli: Cli,
 ) -> None:
     """`statekeep erase OWNER --yes` refuses a live run; --cancel-live erases; `statekeep audit` shows who."""
     alice = Person("alice")
@@ -95,7 +98,7 @@ def test_cli_erase_refuses_live_runs_then_cancels_them_and_prints_the_receipt(
 def test_cli_cancel_decisions_and_memory_reads_are_audited(
     settings: Settings,
     runtime: Runtime,
-    cli,  # type: ignore[no-untyped-def]
+    cli: Cli,
 ) -> None:
     """Cancelling, approving, reading and exporting memories each leave one record, with the actor."""
     bob = Person("bob")
@@ -213,6 +216,8 @@ def test_workflow_4_records_the_owner_of_runs_started_before_owners(
     tables.setup(db)
     assert current_version(db, "workflow", tables.SCHEMA) == len(tables.MIGRATIONS)
     with db.read() as conn:
-        owners = dict(conn.execute(sa.text(f"SELECT run_id, owner FROM {table}")).all())
+        owners: dict[str, str | None] = {
+            str(r[0]): r[1] for r in conn.execute(sa.text(f"SELECT run_id, owner FROM {table}"))
+        }
     assert owners == {"a-1": "dora", "w-1": None}  # only agent runs say whose they are
     db.dispose()

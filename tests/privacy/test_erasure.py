@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from statekeep.config import Settings
+from statekeep.context import SQLContextStore
 from statekeep.errors import LiveRunsError, SealedDataError
 from statekeep.memory import FakeEmbedder
 from statekeep.memory.lancedb import decode_folder
@@ -134,6 +135,7 @@ def test_a_shredded_key_leaves_sealed_copies_unreadable(settings: Settings, runt
     populate(runtime, alice, gated=False)
     assert runtime.keys is not None
     [event] = [e for e in runtime.context.events("alice-s1") if e.kind == "user"]
+    assert isinstance(runtime.context, SQLContextStore)
     with runtime.context.db.read() as conn:
         stored = conn.exec_driver_sql(
             "SELECT payload FROM "

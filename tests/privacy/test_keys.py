@@ -23,8 +23,8 @@ class Notes(WorkingState):
     text: str = ""
 
 
-def _ring(url: str, tmp_path: Path, **kw: float) -> KeyRing:
-    return KeyRing(url, LocalKeyFile(tmp_path / "keys.json"), **kw)
+def _ring(url: str, tmp_path: Path) -> KeyRing:
+    return KeyRing(url, LocalKeyFile(tmp_path / "keys.json"))
 
 
 def test_seal_and_open_round_trip_with_the_key_id_in_the_token(database_url: str, tmp_path: Path) -> None:

@@ -19,8 +19,8 @@ from tests.runtime import agent_app
 
 
 class CrashingSteps(AgentSteps):
-    def think(self, ctx: RunContext, agent: Any, turn: int) -> dict[str, Any]:
-        out = super().think(ctx, agent, turn)
+    def think(self, ctx: RunContext, agent: Any, turn: int, attempt: int = 1) -> dict[str, Any]:
+        out = super().think(ctx, agent, turn, attempt)
         _maybe_die(f"model-{turn}")
         return out
 

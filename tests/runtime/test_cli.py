@@ -103,6 +103,42 @@ def test_runs_cancel(cli, waiting_run: str, runtime: Runtime) -> None:  # type: 
     assert len(out.strip().splitlines()) == 1
 
 
+def test_runs_retry_revives_a_failed_run_and_show_prints_its_usage(cli, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    """runs show prints the tokens of the run's model calls; runs retry makes a failed run pending for
+    a worker, after its last completed step; retrying a run that did not fail is one line, exit 1."""
+    from statekeep.memory import FakeEmbedder
+    from statekeep.models import ModelResponse, ScriptedModel
+    from statekeep.runtime import Agent
+
+    answers = [ModelResponse(content="hello", input_tokens=120, output_tokens=8, cached_tokens=100)]
+
+    def model(messages: object) -> ModelResponse:
+        if not answers:
+            raise ValueError("the model rejected the request")  # permanent: the run fails at once
+        return answers.pop()
+
+    rt = Runtime.open(settings, model=ScriptedModel(model), embedder=FakeEmbedder())
+    agent = Agent("hello", system="s", tools=[], memory_k=0)
+    try:
+        assert rt.run(agent, "good", owner="ada", task="hi").status == "completed"
+        assert rt.run(agent, "bad", owner="ada", task="hi").status == "failed"
+        code, out = cli("runs", "show", "good")
+        assert code == 0
+        assert "120 prompt (100 cached) + 8 completion tokens in 1 model call(s)" in out
+        code, out = cli("runs", "retry", "bad")
+        assert code == 0
+        assert "pending" in out
+        assert rt.engine.store.get("bad").status == "pending"
+        answers.append(ModelResponse(content="hello again"))
+        assert rt.resume("bad").output == "hello again"
+        code, out = cli("runs", "retry", "good")
+        assert code == 1
+        assert "only a failed run" in out
+        assert len(out.strip().splitlines()) == 1
+    finally:
+        rt.close()
+
+
 def test_memory_add_search_export_forget(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """memory add/search/export/forget round-trip; forget asks first unless --yes."""
     code, _ = cli("memory", "add", "ada", "Ada takes her coffee black", "--tag", "coffee")

@@ -16,6 +16,7 @@ from tests.runtime.conftest import ROOT
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the whole demo, with real crashes: over 2 minutes on a busy 2-core machine
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_demo_crashes_resumes_waits_and_writes_the_crm_once(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest

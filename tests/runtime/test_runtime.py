@@ -12,7 +12,8 @@ import pytest
 
 from statekeep.config import Settings
 from statekeep.errors import InvalidInputError
-from statekeep.models import ModelResponse, ScriptedModel
+from statekeep.memory import FakeEmbedder
+from statekeep.models import ModelResponse, ScriptedModel, ToolCall
 from statekeep.runtime import Agent, AgentState, Runtime
 from statekeep.workflow import Run, RunStatus
 from tests.runtime import agent_app
@@ -119,7 +120,7 @@ def test_retrieved_memories_reach_the_model_as_a_data_block(settings: Settings) 
         seen.append(list(messages))
         return ModelResponse(content="ok")
 
-    rt = Runtime.open(settings, model=ScriptedModel(model), embedder=agent_app.FakeEmbedder())
+    rt = Runtime.open(settings, model=ScriptedModel(model), embedder=FakeEmbedder())
     try:
         rt.remember("Ada plans a trip to Rome in May", owner="ada", source="user_supplied")
         rt.remember("Bob hates trips", owner="bob")
@@ -149,7 +150,7 @@ def test_async_model_works(settings: Settings) -> None:
         async def acomplete(self, messages: Any, tools: Any = ()) -> ModelResponse:
             return ModelResponse(content=f"{len(messages)} messages")
 
-    rt = Runtime.open(settings, model=Async(), embedder=agent_app.FakeEmbedder())
+    rt = Runtime.open(settings, model=Async(), embedder=FakeEmbedder())
     try:
         run = rt.run(Agent("a", system="s", tools=[]), "async-1", owner="o", task="hi")
     finally:
@@ -171,7 +172,7 @@ def test_async_model_works_inside_a_running_loop_on_one_loop_of_its_own(settings
             return ModelResponse(content=f"{len(messages)} messages")
 
     async def cell() -> tuple[list[Run], asyncio.AbstractEventLoop]:
-        rt = Runtime.open(settings, model=Async(), embedder=agent_app.FakeEmbedder())
+        rt = Runtime.open(settings, model=Async(), embedder=FakeEmbedder())
         try:
             agent = Agent("a", system="s", tools=[])
             runs = [rt.run(agent, f"nb-{i}", owner="o", task="hi") for i in range(3)]
@@ -243,7 +244,7 @@ def test_bad_agents_and_run_arguments_are_refused(runtime: Runtime) -> None:
         {"owner": "o", "task": "x", "turns": True},
     ):
         with pytest.raises(InvalidInputError):
-            runtime.run(agent_app.AGENT, "bad", **kwargs)  # type: ignore[arg-type]
+            runtime.run(agent_app.AGENT, "bad", **kwargs)
     assert runtime.engine.store.find("bad") is None
 
 
@@ -265,13 +266,13 @@ def test_a_bad_tool_call_is_answered_not_fatal(settings: Settings) -> None:
         if not results:
             return ModelResponse(
                 tool_calls=(
-                    agent_app.ToolCall("c1", "lookup", {"town": "Oslo"}),
-                    agent_app.ToolCall("c2", "teleport", {}),
+                    ToolCall("c1", "lookup", {"town": "Oslo"}),
+                    ToolCall("c2", "teleport", {}),
                 )
             )
         return ModelResponse(content=" | ".join(str(m["content"]) for m in results))
 
-    rt = Runtime.open(settings, model=ScriptedModel(model), embedder=agent_app.FakeEmbedder())
+    rt = Runtime.open(settings, model=ScriptedModel(model), embedder=FakeEmbedder())
     try:
         run = rt.run(
             Agent("t", system="s", tools=[agent_app.AGENT.tools[0]]), "bad-call", owner="o", task="x"

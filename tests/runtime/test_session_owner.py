@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from statekeep.cli import main
 from statekeep.config import Settings
-from statekeep.context import Message
+from statekeep.context import Message, SQLContextStore
 from statekeep.context import sql as context_sql
 from statekeep.errors import RunNotFoundError, SessionOwnerError, StateNotFoundError
 from statekeep.models import ModelResponse, ScriptedModel
@@ -130,6 +130,7 @@ def test_a_worker_fails_a_run_of_another_owner_before_it_reads_the_session(
 
 def _forget_owners(rt: Runtime) -> None:
     """Make the context store look as a version-1 database does after the upgrade: no owners."""
+    assert isinstance(rt.context, SQLContextStore)
     with rt.context.db.begin() as conn:
         conn.execute(sa.update(context_sql.sessions).values(owner=None))
 

@@ -107,6 +107,7 @@ def test_text_stored_before_the_check_cannot_break_the_listing(
 ) -> None:
     """An approval whose arguments hold a lone surrogate (written before this release): still listed."""
     engine, client, approval_id = setup
+    assert isinstance(engine.store, SQLWorkflowStore)
     with engine.store.db.begin() as conn:
         conn.execute(approvals.update().values(args='{"args":["acct-\\ud800"],"kwargs":{}}'))
     for path in ("/approvals", f"/approvals/{approval_id}"):
@@ -217,7 +218,7 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(make_engine: EngineFacto
         assert big.status_code == 413
     for bad in (0, -1, True, 1.5, "64k"):
         with pytest.raises(ConfigError, match="max_body"):
-            create_app(engine.store, tokens=TOKENS, max_body=bad)
+            create_app(engine.store, tokens=TOKENS, max_body=bad)  # type: ignore[arg-type]
 
 
 # --- 6e: scoped tokens ------------------------------------------------------------------------
@@ -275,6 +276,7 @@ def test_a_token_limited_to_some_owners_decides_only_their_agents_runs(
     rt = agent_runtime
     rt.run(agent_app.AGENT, "trip-1", owner=agent_app.OWNER, task="Plan a trip")
     (ask,) = rt.engine.store.approvals(run_id="trip-1")
+    assert isinstance(rt.engine.store, SQLWorkflowStore)
     plain = Engine(rt.engine.store.db, refund_registry(tmp_path / "effects"))
     plain.run(plain.registry.get("refund", 1), "refund-1", "o-1")
     (plain_ask,) = plain.store.approvals(run_id="refund-1")

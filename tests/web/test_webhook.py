@@ -237,13 +237,14 @@ def test_statekeep_serve_decides_over_real_http(database_url: str, tmp_path: Pat
     tokens = tmp_path / "tokens.json"
     tokens.write_text(json.dumps(TOKENS))
     port, log = _free_port(), tmp_path / "server.log"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "statekeep", "serve", "--port", str(port)],
-        env=cli_env(tmp_path, database_url, STATEKEEP_WEB_TOKENS_FILE=str(tokens)),
-        cwd=tmp_path,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
+    with log.open("w") as out:  # the child has its own copy of the file; ours closes here
+        server = subprocess.Popen(
+            [sys.executable, "-m", "statekeep", "serve", "--port", str(port)],
+            env=cli_env(tmp_path, database_url, STATEKEEP_WEB_TOKENS_FILE=str(tokens)),
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60

@@ -58,7 +58,7 @@ def test_take_notes_killed_inside_any_step_ends_with_three_lines(
     database_url: str, point: tuple[str, int]
 ) -> None:
     """Killed inside any step and resumed, take-notes has 3 lines and one state version per set_state."""
-    fired = []
+    fired: list[tuple[str, int]] = []
 
     def crash_at(name: str, i: int) -> bool:
         if (name, i) == point and not fired:

@@ -68,7 +68,7 @@ def test_bad_run_ids_and_inputs_are_refused_before_writing(make_engine: EngineFa
         with pytest.raises(InvalidInputError, match="run_id"):
             engine.run(three, bad, "a")
     with pytest.raises(InvalidInputError, match="input"):
-        engine.run(three, "r", ("a", "tuple"))  # type: ignore[arg-type]
+        engine.run(three, "r", ("a", "tuple"))
     assert engine.store.list_runs() == []
 
 
@@ -218,7 +218,7 @@ def test_async_workflow_and_async_steps_share_the_one_implementation(make_engine
 
     @registry.workflow("async", version=1)
     async def awf(ctx: AsyncRunContext, x: int) -> list[int]:
-        a = await ctx.step("double", double, x)
+        a: int = await ctx.step("double", double, x)
         b = await ctx.step("inc", lambda: a + 1)
         return [a, b]
 
@@ -239,7 +239,11 @@ def test_invariant_5_linear_storage_bytes_per_step_stay_constant(make_engine: En
     @registry.workflow("long", version=1)
     def wf(ctx: RunContext, n: int) -> int:
         for i in range(n):
-            ctx.step("s", lambda i=i: {"i": i % 10, "text": "x" * 400})
+
+            def payload(i: int = i) -> dict[str, object]:
+                return {"i": i % 10, "text": "x" * 400}
+
+            ctx.step("s", payload)
         return n
 
     engine = make_engine(registry)
@@ -361,7 +365,7 @@ def test_an_infrastructure_error_inside_a_step_leaves_the_run_resumable(
 
     @registry.workflow("infra", version=1, retry=RetryPolicy(attempts=3))
     def infra(ctx: RunContext) -> str:
-        return ctx.step("flaky", flaky)  # type: ignore[no-any-return]
+        return ctx.step("flaky", flaky)
 
     engine = make_engine(registry)
     with pytest.raises((StorageError, MemoryLockedError)):

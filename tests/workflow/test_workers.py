@@ -9,12 +9,13 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from statekeep.db import Database
 from statekeep.errors import InvalidInputError, LeaseLostError
-from statekeep.workflow import Engine, Registry, RunContext, RunStatus, Worker
+from statekeep.workflow import Engine, Registry, Run, RunContext, RunStatus, Worker
 
 from .conftest import EngineFactory, append, fork, lines, wait
 
@@ -27,7 +28,11 @@ def drain_registry(effects: Path) -> Registry:
     @registry.workflow("drain", version=1)
     def drain(ctx: RunContext) -> int:
         for s in range(STEPS):
-            ctx.step(f"s{s}", lambda s=s: append(effects, f"{ctx.run_id} {s} {os.getpid()}"))
+
+            def effect(s: int = s) -> None:
+                append(effects, f"{ctx.run_id} {s} {os.getpid()}")
+
+            ctx.step(f"s{s}", effect)
         return STEPS
 
     return registry
@@ -112,11 +117,11 @@ def test_idle_worker_backs_off_and_stops_on_request(make_engine: EngineFactory) 
     claims = [0]
     original = engine.store.claim
 
-    def counting(*args: object, **kw: object) -> list[object]:
+    def counting(*args: Any, **kw: Any) -> list[Run]:
         claims[0] += 1
-        return original(*args, **kw)  # type: ignore[arg-type]
+        return original(*args, **kw)
 
-    engine.store.claim = counting  # type: ignore[method-assign, assignment]
+    engine.store.claim = counting  # type: ignore[method-assign]
     stop = threading.Event()
     thread = threading.Thread(target=Worker(engine, poll=0.01, max_poll=0.16).run, kwargs={"stop": stop})
     thread.start()

@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
+from statekeep._extras import requires
 from statekeep._redact import redact_url
 from statekeep.db.dialects import DIALECTS, Dialect
 from statekeep.errors import ConfigError, StorageError
@@ -94,7 +95,8 @@ class Database:
         if self.dialect.name == "postgresql":
             kw.update(pool_size=5, max_overflow=10)
         kw.update(engine_kw)
-        self.engine: Engine = sa.create_engine(self.url, **kw)
+        with requires("postgres", "PostgreSQL"):  # the engine imports its driver, psycopg
+            self.engine: Engine = sa.create_engine(self.url, **kw)
         if not kw.get("pool_pre_ping"):
             _ping_idle_connections(self.engine, ping_after)
         self.dialect.configure(self.engine)

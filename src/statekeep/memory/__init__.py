@@ -4,7 +4,9 @@ Backends: :class:`LanceDBMemoryStore` (an embedded folder; the default),
 :class:`PgVectorMemoryStore` (PostgreSQL with pgvector; many workers) and
 :class:`InMemoryMemoryStore` (the reference, for tests). Heavy packages
 (lancedb, sentence-transformers, torch) load only when a store or the default
-embedder is used.
+embedder is used. Memory needs numpy, which every extra that stores vectors
+brings (``lancedb``, ``postgres``, ``embeddings``); without one, importing this
+package raises :class:`~statekeep.errors.MissingExtraError`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 from os import PathLike
 from typing import TYPE_CHECKING, Any
 
+from statekeep._extras import requires
 from statekeep.errors import InvalidInputError
 from statekeep.memory._types import (
     DEFAULT_TRUST,
@@ -26,10 +29,13 @@ from statekeep.memory._types import (
     SearchResult,
     SourceKind,
 )
-from statekeep.memory.base import MemoryStore
-from statekeep.memory.embedders import Embedder, FakeEmbedder, SentenceTransformerEmbedder
-from statekeep.memory.inmemory import InMemoryMemoryStore
 from statekeep.memory.prompt import render_memories
+
+# Every backend and embedder computes with numpy; LanceDB, the default backend, names the extra.
+with requires("lancedb", "long-term memory"):
+    from statekeep.memory.base import MemoryStore
+    from statekeep.memory.embedders import Embedder, FakeEmbedder, SentenceTransformerEmbedder
+    from statekeep.memory.inmemory import InMemoryMemoryStore
 
 if TYPE_CHECKING:
     from statekeep.memory.lancedb import LanceDBMemoryStore

@@ -2,42 +2,38 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import IO
 
+from statekeep._extras import requires
 from statekeep.errors import MemoryLockedError
 
 LOCK_FILE = ".statekeep-writer.lock"
 
 
 class FolderLock:
-    """An exclusive, non-blocking ``flock`` on ``<folder>/.statekeep-writer.lock``, held until released.
+    """An exclusive, non-blocking lock on ``<folder>/.statekeep-writer.lock``, held until released.
 
-    The operating system drops it when the process dies, so a crash never leaves
-    a stale lock. (On systems without ``fcntl`` no lock is taken.)
+    ``filelock`` takes it with the operating system's own file lock (``flock``
+    on Unix, ``LockFileEx`` on Windows), which the system drops when the process
+    dies, so a crash never leaves a stale lock. A second store on the folder, in
+    this process or another, gets :class:`~statekeep.errors.MemoryLockedError`.
     """
 
     def __init__(self, folder: Path) -> None:
+        with requires("lancedb", "LanceDB memory"):
+            import filelock
+
         self.path = folder / LOCK_FILE
-        self._file: IO[str] | None = open(self.path, "a+")  # noqa: SIM115 - held for the store's life
+        # Not thread-local: the store is shared by threads, and close() may run on another one.
+        self._lock: filelock.BaseFileLock | None = filelock.FileLock(self.path, timeout=0, thread_local=False)
         try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows
-            return
-        try:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            self._file.close()
-            self._file = None
+            self._lock.acquire()
+        except filelock.Timeout as exc:
+            self._lock = None
             raise MemoryLockedError(str(folder)) from exc
-        self._file.seek(0)
-        self._file.truncate()
-        self._file.write(f"{os.getpid()}\n")
-        self._file.flush()
 
     def release(self) -> None:
         """Release the lock (idempotent)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None

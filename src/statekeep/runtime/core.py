@@ -2,20 +2,39 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from contextlib import suppress
+from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
-from statekeep._numbers import MAX_INT
+from statekeep._numbers import MAX_INT, check_int, check_seconds
 from statekeep.config import Settings
 from statekeep.context import ContextStore, SQLContextStore
 from statekeep.db import Database
-from statekeep.errors import InvalidInputError, SessionOwnerError
-from statekeep.models import AsyncModel, Model
-from statekeep.runtime.agent import Agent, AgentState, check_run
-from statekeep.runtime.scope import current_scope, turn_limit
-from statekeep.runtime.steps import AgentSteps
-from statekeep.workflow import Engine, Registry, Run, RunContext, SQLWorkflowStore, Worker, Workflow
+from statekeep.errors import InvalidInputError, RunConflictError, SessionOwnerError
+from statekeep.models import AnyModel, AsyncModel, AsyncStreamingModel, Model, StreamingModel
+from statekeep.runtime.agent import Agent, AgentState, check_run, check_text
+from statekeep.runtime.events import ApprovalRequested, RunCompleted, RunEvent, RunFailed, RunWaiting
+from statekeep.runtime.fork import copy_session, copy_states
+from statekeep.runtime.scope import Invocation, check_turns, current_scope, invocation
+from statekeep.runtime.steps import PARK, AgentSteps
+from statekeep.runtime.usage import Usage, run_usage
+from statekeep.workflow import (
+    Engine,
+    Registry,
+    Run,
+    RunContext,
+    RunStatus,
+    SQLWorkflowStore,
+    Worker,
+    Workflow,
+)
+from statekeep.workflow.base import MAX_SEQ
 from statekeep.working import SQLWorkingStateStore, WorkingStateStore
 
 if TYPE_CHECKING:
@@ -25,13 +44,22 @@ if TYPE_CHECKING:
     from statekeep.memory import Embedder, Memory, MemoryKind, MemoryStore, SourceKind
 
 
+_DONE = object()
+
+
 class Runtime:
     """Composes context, working state, workflow and memory into durable agents.
 
     Build it with :meth:`open` from :class:`~statekeep.config.Settings` (the
     embedded default, or PostgreSQL with pgvector), register agents, and run
-    them here (:meth:`run`, :meth:`resume`) or on workers (:meth:`start`,
-    :meth:`worker`).
+    them here (:meth:`run`, :meth:`resume`; :meth:`arun`, :meth:`aresume` in an
+    event loop; :meth:`stream`, :meth:`astream` for events as they happen) or on
+    workers (:meth:`start`, :meth:`worker`). A failed run is continued with
+    :meth:`retry` and branched with :meth:`fork`.
+
+    ``retry_wait`` is the longest wait before retrying a model call (a 429's
+    ``Retry-After``, a backoff) that a call here sits out; a longer one returns
+    the run ``sleeping``, and a worker (or a later resume) retries when it is due.
 
     A run's context session belongs to the run's owner: every entry point
     claims it for that owner before anything is written, and a session of
@@ -50,11 +78,13 @@ class Runtime:
         context: ContextStore,
         working: WorkingStateStore,
         memory: Callable[[], MemoryStore],
-        model: Model | AsyncModel,
+        model: AnyModel,
+        retry_wait: float = 60.0,
         keys: KeyRing | None = None,
         audit: AuditLog | None = None,
     ) -> None:
         self.engine, self.context, self.working, self.model = engine, context, working, model
+        self.retry_wait = check_seconds(retry_wait, "retry_wait")
         self.keys, self.audit = keys, audit
         self._open_memory = memory
         self._memory: MemoryStore | None = None
@@ -68,9 +98,10 @@ class Runtime:
         cls,
         settings: Settings | None = None,
         *,
-        model: Model | AsyncModel,
+        model: AnyModel,
         embedder: Embedder | None = None,
         lease: float = 30.0,
+        retry_wait: float = 60.0,
     ) -> Runtime:
         """Open every store the settings name; stores that share a URL share a database.
 
@@ -79,8 +110,11 @@ class Runtime:
         Raises:
             ConfigError: a setting is malformed or its server unreachable.
         """
-        if not isinstance(model, Model | AsyncModel):
-            raise InvalidInputError("needs complete() or acomplete() and a name", field="model")
+        if not isinstance(model, Model | AsyncModel | StreamingModel | AsyncStreamingModel):
+            raise InvalidInputError(
+                "needs complete(), acomplete(), stream() or astream(), and a name", field="model"
+            )
+        check_seconds(retry_wait, "retry_wait")
         if settings is not None and not isinstance(settings, Settings):
             raise InvalidInputError(
                 f"must be Settings.load(...) or None, not {type(settings).__name__}", field="settings"
@@ -113,6 +147,9 @@ class Runtime:
             return open_memory_store(settings.memory_url, embedder)
 
         context = SQLContextStore(db("context"), keys=keys)
+        # load the tokenizer now: loading it holds the GIL for a few hundred ms, which in the
+        # middle of an arun would stall the caller's event loop from the worker thread
+        context.counter.count("")
         audit = AuditLog(db("workflow"))
         return cls(
             engine=engine,
@@ -120,8 +157,24 @@ class Runtime:
             working=working,
             memory=memory,
             model=model,
+            retry_wait=retry_wait,
             keys=keys,
             audit=audit,
+        )
+
+    @classmethod
+    async def aopen(
+        cls,
+        settings: Settings | None = None,
+        *,
+        model: AnyModel,
+        embedder: Embedder | None = None,
+        lease: float = 30.0,
+        retry_wait: float = 60.0,
+    ) -> Runtime:
+        """Awaitable :meth:`open`: connecting and loading the tokenizer happen off the event loop."""
+        return await asyncio.to_thread(
+            partial(cls.open, settings, model=model, embedder=embedder, lease=lease, retry_wait=retry_wait)
         )
 
     # --- agents -----------------------------------------------------------------------------
@@ -179,16 +232,14 @@ class Runtime:
         """Start or resume a run and execute it here until it finishes, waits, or has done ``turns`` turns.
 
         The session (``session_id``, by default the run id) is claimed for ``owner``
-        before anything is written.
+        before anything is written. Blocks the calling thread: inside an event loop,
+        ``await`` :meth:`arun` instead.
 
         Raises:
             SessionOwnerError: the session belongs to another owner; nothing was written.
         """
-        check_run(owner, task, session_id)
-        workflow = self.register(agent)
-        self._claim_session(session_id or run_id, owner)
-        with turn_limit(turns):
-            return self.engine.run(workflow, run_id, owner, session_id or run_id, task)
+        start = self._starter(agent, run_id, owner, task, session_id)
+        return self._drive(Invocation(turns_left=check_turns(turns)), start)
 
     def resume(self, run_id: str, *, turns: int | None = None) -> Run:
         """Continue a run by its id alone (its agent must be registered in this process).
@@ -196,12 +247,254 @@ class Runtime:
         Raises:
             SessionOwnerError: the run's session belongs to another owner; nothing was written.
         """
+        return self._drive(Invocation(turns_left=check_turns(turns)), partial(self._resume, run_id))
+
+    def retry(self, run_id: str, *, turns: int | None = None) -> Run:
+        """Retry a failed run here, from its last completed step; the retry is recorded.
+
+        A model call that had failed gets a new series of attempts; a tool call that
+        failed under ``on_error="fail"`` is called again.
+
+        Raises:
+            InvalidInputError: the run has not failed.
+        """
+        self.engine.retry(run_id)
+        return self.resume(run_id, turns=turns)
+
+    async def arun(
+        self,
+        agent: Agent,
+        run_id: str,
+        *,
+        owner: str,
+        task: str,
+        session_id: str | None = None,
+        turns: int | None = None,
+    ) -> Run:
+        """Awaitable :meth:`run`: the event loop stays free.
+
+        The durable core (database reads and writes) runs in a worker thread; async
+        models and async tools are awaited on this loop.
+        """
+        start = self._starter(agent, run_id, owner, task, session_id)
+        return await self._adrive(Invocation(turns_left=check_turns(turns)), start)
+
+    async def aresume(self, run_id: str, *, turns: int | None = None) -> Run:
+        """Awaitable :meth:`resume`."""
+        return await self._adrive(Invocation(turns_left=check_turns(turns)), partial(self._resume, run_id))
+
+    async def aretry(self, run_id: str, *, turns: int | None = None) -> Run:
+        """Awaitable :meth:`retry`."""
+        await asyncio.to_thread(self.engine.retry, run_id)
+        return await self.aresume(run_id, turns=turns)
+
+    def stream(
+        self,
+        agent: Agent,
+        run_id: str,
+        *,
+        owner: str,
+        task: str,
+        session_id: str | None = None,
+        turns: int | None = None,
+    ) -> Generator[RunEvent, None, None]:
+        """:meth:`run`, yielding typed events as they happen (see :mod:`statekeep.runtime.events`).
+
+        Model text arrives as :class:`TextDelta` while the provider streams it; the
+        last event is :class:`RunCompleted`, :class:`RunWaiting` (after any
+        :class:`ApprovalRequested`) or :class:`RunFailed`. Only completed messages are
+        journaled. The run executes in a thread; leaving the loop early lets it go on
+        to its next stop, and waits for that.
+        """
+        start = self._starter(agent, run_id, owner, task, session_id)
+        return self._stream(Invocation(turns_left=check_turns(turns)), start)
+
+    def resume_stream(self, run_id: str, *, turns: int | None = None) -> Generator[RunEvent, None, None]:
+        """:meth:`resume`, yielding events as :meth:`stream` does."""
+        return self._stream(Invocation(turns_left=check_turns(turns)), partial(self._resume, run_id))
+
+    def astream(
+        self,
+        agent: Agent,
+        run_id: str,
+        *,
+        owner: str,
+        task: str,
+        session_id: str | None = None,
+        turns: int | None = None,
+    ) -> AsyncIterator[RunEvent]:
+        """:meth:`stream` for ``async for``: the event loop stays free, async models stream on it."""
+        start = self._starter(agent, run_id, owner, task, session_id)
+        return self._astream(Invocation(turns_left=check_turns(turns)), start)
+
+    def aresume_stream(self, run_id: str, *, turns: int | None = None) -> AsyncIterator[RunEvent]:
+        """:meth:`aresume`, yielding events as :meth:`astream` does."""
+        return self._astream(Invocation(turns_left=check_turns(turns)), partial(self._resume, run_id))
+
+    def fork(self, run_id: str, *, at_step: int, new_id: str, session_id: str | None = None) -> Run:
+        """A new run ``new_id`` that continues ``run_id`` as it was after journal step ``at_step``.
+
+        The steps up to ``at_step`` (the ``#N`` of ``statekeep runs events``) are copied,
+        with the working state they produced and the session's messages up to their
+        context cursor (into ``session_id``, default ``new_id``); nothing is executed
+        again. The new run is pending: :meth:`resume` it, or a worker will. Its input
+        records ``forked_from``; the source records the fork. Forking again to the same
+        id returns the existing fork.
+
+        Raises:
+            InvalidInputError: not an agent run, or ``at_step`` past its last completed step.
+            RunConflictError: ``new_id`` (or ``session_id``) is already used.
+        """
+        check_text(new_id, "new_id")
+        check_int(at_step, "at_step", maximum=MAX_SEQ)
+        if session_id is not None:
+            check_text(session_id, "session_id")
+        source = self.engine.store.get(run_id)
+        if not source.workflow.startswith("agent.") or len(source.input.get("args", [])) != 3:
+            raise InvalidInputError(f"run {run_id!r} is not an agent run", field="run_id")
+        owner, session, task = source.input["args"]
+        wanted = {"run_id": run_id, "seq": at_step}
+        existing = self.engine.store.find(new_id)
+        if existing is not None:
+            if existing.input.get("forked_from") == wanted:
+                return existing
+            raise RunConflictError(new_id, "is taken by another run")
+        if at_step > source.last_seq:
+            raise InvalidInputError(
+                f"run {run_id!r} has {source.last_seq} completed steps: cannot fork at step {at_step}",
+                field="at_step",
+            )
+        journal = self.engine.store.journal(run_id, 1, at_step) if at_step else []
+        version = max((s.state_version for s in journal if s.state_version is not None), default=0)
+        cursor = max((s.cursor for s in journal if s.cursor is not None), default=0)
+        target = session_id or new_id
+        copy_session(self.context, session, target, cursor, (f"{run_id}/", f"{new_id}/"), owner)
+        copy_states(self.working, run_id, new_id, version, target)
+        return self.engine.fork(run_id, new_id, at_step, args=[owner, target, task])
+
+    def usage(self, run_id: str) -> Usage:
+        """Tokens the run's model calls used so far (prompt, cached, completion), from its journal."""
+        return run_usage(self.engine.store.steps(run_id))
+
+    # --- how a call drives a run --------------------------------------------------------------
+
+    def _starter(
+        self, agent: Agent, run_id: str, owner: str, task: str, session_id: str | None
+    ) -> Callable[[], Run]:
+        check_run(owner, task, session_id)
+        workflow = self.register(agent)
+        session = session_id or run_id
+
+        def start() -> Run:  # in the caller's thread, or the worker thread of an async call
+            self._claim_session(session, owner)
+            return self.engine.run(workflow, run_id, owner, session, task)
+
+        return start
+
+    def _resume(self, run_id: str) -> Run:
         run = self.engine.store.get(run_id)
         started = _agent_input(run)
         if started is not None and not run.status.finished:
             self._claim_session(started[1], started[0])
-        with turn_limit(turns):
-            return self.engine.resume(run_id)
+        until = (run.waiting or {}).get("until") if run.status is RunStatus.SLEEPING else None
+        if isinstance(until, str):  # parked by a turn limit a moment ago: due in a few ms
+            ahead = (datetime.fromisoformat(until) - datetime.now(UTC)).total_seconds()
+            if 0 < ahead <= PARK.total_seconds():
+                time.sleep(ahead)
+        return self.engine.resume(run_id)
+
+    def _wait(self, run: Run, inv: Invocation) -> float | None:
+        """Seconds to sit out before resuming a run that parked to retry a model call; None: return it."""
+        due, inv.retry_due = inv.retry_due, None
+        if due is None or run.status is not RunStatus.SLEEPING:
+            return None
+        seconds = (due - datetime.now(UTC)).total_seconds()
+        return max(0.0, seconds) if seconds <= self.retry_wait else None
+
+    def _drive(self, inv: Invocation, start: Callable[[], Run]) -> Run:
+        token = invocation.set(inv)
+        try:
+            run = start()
+            while (delay := self._wait(run, inv)) is not None:
+                time.sleep(delay)
+                run = self.engine.resume(run.run_id)
+            return run
+        finally:
+            invocation.reset(token)
+
+    async def _adrive(self, inv: Invocation, start: Callable[[], Run]) -> Run:
+        inv.loop = asyncio.get_running_loop()
+        token = invocation.set(inv)  # asyncio.to_thread carries it into the worker thread
+        try:
+            run = await asyncio.to_thread(start)
+            while (delay := self._wait(run, inv)) is not None:
+                await asyncio.sleep(delay)
+                run = await asyncio.to_thread(self.engine.resume, run.run_id)
+            return run
+        finally:
+            invocation.reset(token)
+
+    def _stream(self, inv: Invocation, start: Callable[[], Run]) -> Generator[RunEvent, None, None]:
+        events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        inv.sink = events.put
+        outcome: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                for event in self._final_events(self._drive(inv, start)):
+                    events.put(event)
+            except BaseException as exc:
+                outcome.append(exc)
+            finally:
+                events.put(_DONE)
+
+        thread = threading.Thread(target=work, name="statekeep-stream", daemon=True)
+        thread.start()
+        try:
+            while (event := events.get()) is not _DONE:
+                yield event
+        finally:
+            thread.join()
+        if outcome:
+            raise outcome[0]
+
+    async def _astream(self, inv: Invocation, start: Callable[[], Run]) -> AsyncIterator[RunEvent]:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Any] = asyncio.Queue()
+
+        def sink(event: Any) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        inv.sink = sink
+
+        async def drive() -> None:
+            try:
+                run = await self._adrive(inv, start)
+                for event in await asyncio.to_thread(self._final_events, run):
+                    events.put_nowait(event)
+            finally:
+                events.put_nowait(_DONE)
+
+        task = asyncio.ensure_future(drive())
+        try:
+            while (event := await events.get()) is not _DONE:
+                yield event
+            task.result()
+        finally:
+            if not task.done():
+                await asyncio.wait({task})
+
+    def _final_events(self, run: Run) -> list[RunEvent]:
+        if run.status is RunStatus.COMPLETED:
+            return [RunCompleted(run.run_id, run.output, run)]
+        if run.status is RunStatus.FAILED:
+            return [RunFailed(run.run_id, run.error, run)]
+        asked: list[RunEvent] = []
+        if run.status in (RunStatus.WAITING_FOR_APPROVAL, RunStatus.NEEDS_DECISION):
+            for a in self.engine.store.approvals(run_id=run.run_id):
+                arguments = a.args.get("kwargs", {}) if isinstance(a.args, dict) else {}
+                asked.append(ApprovalRequested(run.run_id, a.approval_id, a.action, arguments, a.reason))
+        return [*asked, RunWaiting(run.run_id, run.status.value, run)]
 
     def worker(self, **kw: Any) -> Worker:
         """A worker that executes runnable runs of the registered agents (see :class:`Worker`)."""
@@ -343,6 +636,12 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    async def __aenter__(self) -> Runtime:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.close)
 
 
 def _agent_input(run: Run) -> tuple[str, str] | None:

@@ -1,22 +1,23 @@
-"""The event loop on which the runtime awaits an async model."""
+"""The event loop on which the runtime awaits async models and tools, outside ``arun``/``astream``."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
-from statekeep.models import ModelResponse
+T = TypeVar("T")
 
 
 class ModelLoop:
-    """One event loop, on a daemon thread, that runs every call of an async model.
+    """One event loop, on a daemon thread, that runs every call of an async model or tool.
 
     ``asyncio.run`` per call would fail inside a running loop (a notebook) and
     would close the loop an async HTTP client is bound to after each call.
     Here the caller's thread blocks on the call, whatever loop it runs, and the
-    loop lives until the runtime is closed.
+    loop lives until the runtime is closed. (``arun`` and ``astream`` await on
+    the caller's own loop instead.)
     """
 
     def __init__(self) -> None:
@@ -24,7 +25,7 @@ class ModelLoop:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def run(self, coroutine: Coroutine[Any, Any, ModelResponse]) -> ModelResponse:
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run ``coroutine`` on the loop and wait for its result (cancelled if the wait is interrupted)."""
         with self._lock:
             if self._loop is None:

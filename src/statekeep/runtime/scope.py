@@ -1,11 +1,13 @@
-"""Who a tool runs for, and how many turns this invocation may still run: context variables."""
+"""Who a tool runs for, and what this invocation of a run asked for: context variables."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from statekeep.errors import InvalidInputError
 
@@ -20,9 +22,27 @@ class RunScope:
     event_id: int | None
 
 
+@dataclass
+class Invocation:
+    """One call of ``run``/``resume``/``stream`` (sync or async), as the steps of the run see it.
+
+    ``loop`` is the caller's event loop (async calls): async models and tools are
+    awaited there, not on the runtime's own loop. ``sink`` receives the typed
+    events of a stream. ``turns_left`` bounds the turns this invocation runs
+    (None: no bound). ``retry_due`` is set when the run parked to wait before
+    retrying a model call, so that the caller can sit a short wait out.
+    """
+
+    loop: asyncio.AbstractEventLoop | None = None
+    sink: Callable[[Any], None] | None = None
+    turns_left: int | None = None
+    retry_due: datetime | None = None
+
+
 run_scope: contextvars.ContextVar[RunScope | None] = contextvars.ContextVar("statekeep_run", default=None)
-#: turns this invocation may still run before the run parks; None: no limit
-turns_left: contextvars.ContextVar[int | None] = contextvars.ContextVar("statekeep_turns", default=None)
+invocation: contextvars.ContextVar[Invocation | None] = contextvars.ContextVar(
+    "statekeep_invocation", default=None
+)
 
 
 def current_scope() -> RunScope | None:
@@ -30,12 +50,8 @@ def current_scope() -> RunScope | None:
     return run_scope.get()
 
 
-@contextmanager
-def turn_limit(turns: int | None) -> Iterator[None]:
+def check_turns(turns: object) -> int | None:
+    """A per-invocation turn limit: an int >= 1, or None."""
     if turns is not None and (isinstance(turns, bool) or not isinstance(turns, int) or turns < 1):
         raise InvalidInputError("must be an int >= 1, or None", field="turns")
-    token = turns_left.set(turns)
-    try:
-        yield
-    finally:
-        turns_left.reset(token)
+    return turns

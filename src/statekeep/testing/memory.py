@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from statekeep.errors import ConflictError, InvalidInputError, MemoryNotFoundError
+from statekeep.errors import ConflictError, InvalidInputError, MemoryNotFoundError, StatekeepError
 from statekeep.memory import (
     Embedder,
     FakeEmbedder,
@@ -50,15 +50,15 @@ class MemoryStoreSuite:
     Subclass it as ``Test...`` and define the fixture ``make_store``: a function
     ``make_store(embedder, **options)`` that returns a store over this test's
     data (empty at the start of each test), passing ``embedder`` and
-    ``options`` (``clock``, ``duplicate_threshold``) to the store's
+    ``options`` (``clock``, ``dedupe``, ``duplicate_threshold``) to the store's
     constructor. Every call within one test must see the memories that stores
     from earlier calls wrote, as a second process would; it may close the
     stores it opened before (a folder lock, a connection pool).
 
     The suite embeds with :class:`~statekeep.memory.FakeEmbedder` (fast,
-    lexical) unless the subclass overrides the ``embedder`` fixture; the one
-    test of search by meaning needs a real model from the ``semantic_embedder``
-    fixture and is skipped without one.
+    lexical) unless the subclass overrides the ``embedder`` fixture; the two
+    tests that need meaning (search by meaning, merging of near-duplicates) take
+    a real model from the ``semantic_embedder`` fixture and are skipped without one.
     """
 
     @pytest.fixture
@@ -73,7 +73,7 @@ class MemoryStoreSuite:
 
     @pytest.fixture
     def semantic_embedder(self) -> Embedder | None:
-        """An embedder that knows meaning (a sentence-transformers model), or None to skip that test."""
+        """An embedder that knows meaning (a sentence-transformers model), or None to skip its tests."""
         return None
 
     @pytest.fixture
@@ -181,22 +181,120 @@ class MemoryStoreSuite:
         assert 0 < results[0].score <= 2 / 61  # two rankings, each contributing at most 1/(60+1)
         assert store.search("nobody", "zebracactus7781", mode="hybrid") == []
 
-    def test_a_repeated_memory_is_linked_to_the_original_and_returned_once(self, store: MemoryStore) -> None:
-        """A repeat of an owner's current memory is kept, linked by duplicate_of, and never searched."""
+    # --- deduplication -------------------------------------------------------------------
+
+    def test_the_same_text_is_the_same_fact_and_remember_says_so(self, store: MemoryStore) -> None:
+        """By default, a memory whose text is the same after normalisation returns the stored one, and why."""
         first = store.remember("alice", "Alice's favourite drink is green tea.")
         again = store.remember(
-            "alice", "Alice's favourite drink is green tea.", provenance=Provenance("user_supplied")
+            "alice", "  alice's FAVOURITE drink\u00a0is green tea. ", provenance=Provenance("imported")
+        )
+        assert again.id == first.id
+        assert again == store.get("alice", first.id)
+        assert again.dedupe is not None
+        assert (again.dedupe.reason, again.dedupe.existing_id, again.dedupe.stored) == (
+            "same_text",
+            first.id,
+            False,
+        )
+        assert first.dedupe is None
+        similar = store.remember("alice", "Alice's favorite drink is green tea")  # not the same text: kept
+        assert similar.dedupe is None
+        assert similar.is_current
+        # owners never mix
+        assert store.remember("bob", "Alice's favourite drink is green tea.").id != first.id
+        assert [m.content for m in store.list_memories("alice")] == [first.content, similar.content]
+
+    def test_duplicates_within_one_batch_return_the_first(self, store: MemoryStore) -> None:
+        """remember_many stores a repeat inside the same batch once, and returns it for both items."""
+        a, b, c = store.remember_many("alice", [FACTS[0], FACTS[0].upper(), FACTS[3]])
+        assert (b.id, a.dedupe, c.dedupe) == (a.id, None, None)
+        assert b.dedupe is not None
+        assert b.dedupe.reason == "same_text"
+        assert len(store.list_memories("alice")) == 2
+
+    def test_an_explicit_key_is_the_identity_of_a_fact(self, store: MemoryStore) -> None:
+        """With key=, the same key is the same fact whatever the text, and the same text under two keys is two."""  # noqa: E501
+        bye1 = store.remember("locomo", "Bye!", key="session-1/turn-7")
+        bye2 = store.remember("locomo", "Bye!", key="session-2/turn-3")
+        again = store.remember("locomo", "Bye, bye!", key="session-1/turn-7")
+        assert bye1.id != bye2.id
+        assert again.id == bye1.id
+        assert again.dedupe is not None
+        assert again.dedupe.reason == "same_key"
+        assert [m.key for m in store.list_memories("locomo")] == ["session-1/turn-7", "session-2/turn-3"]
+        newer = store.supersede("locomo", bye1.id, "Bye Joanna!")
+        assert newer.key == "session-1/turn-7"  # a new version of the same fact keeps its key
+        assert store.remember("locomo", "Bye!", key="session-1/turn-7").id == newer.id
+
+    def test_superseding_and_expiry_end_deduplication(
+        self, make_store: MemoryStoreFactory, embedder: Embedder
+    ) -> None:
+        """A superseded or expired memory is no longer the fact: the same text is stored again."""
+        clock = _Clock()
+        store = make_store(embedder, clock=clock)
+        old = store.remember("alice", "Alice lives in Lisbon.")
+        store.supersede("alice", old.id, "Alice moved to Porto.")
+        back = store.remember("alice", "Alice lives in Lisbon.")
+        assert back.id != old.id
+        assert back.dedupe is None
+        brief = store.remember("alice", "Alice is in a meeting.", ttl=timedelta(hours=1))
+        clock.now += timedelta(hours=2)
+        assert store.remember("alice", "Alice is in a meeting.").id != brief.id
+
+    def test_similarity_merging_is_opt_in_visible_and_loses_nothing(
+        self, make_store: MemoryStoreFactory, semantic_embedder: Embedder | None
+    ) -> None:
+        """dedupe='similar' merges a near-duplicate into the original, says so, and keeps it reachable."""
+        if semantic_embedder is None:
+            pytest.skip("needs an embedding model: override the semantic_embedder fixture")
+        store = make_store(semantic_embedder, dedupe="similar")
+        assert (store.dedupe, store.duplicate_threshold) == ("similar", 0.92)
+        first = store.remember("alice", "Alice's favourite drink is green tea.")
+        again = store.remember(
+            "alice", "Alice's favorite drink is green tea", provenance=Provenance("user_supplied")
         )
         other = store.remember("alice", "Alice's favourite sport is tennis.")
         bob = store.remember("bob", "Alice's favourite drink is green tea.")
         assert again.duplicate_of == first.id
-        assert (first.duplicate_of, other.duplicate_of, bob.duplicate_of) == (None, None, None)
-        hits = [r.memory.id for r in store.search("alice", "Alice's favourite drink", k=5)]
+        assert again.dedupe is not None
+        assert (again.dedupe.reason, again.dedupe.existing_id, again.dedupe.stored) == (
+            "similar",
+            first.id,
+            True,
+        )
+        assert again.dedupe.similarity == again.duplicate_score
+        assert again.duplicate_score is not None
+        assert 0.92 <= again.duplicate_score <= 1.0
+        assert other.duplicate_of is None
+        assert bob.duplicate_of is None
+        hits = [r.memory.id for r in store.search("alice", "What does Alice like to drink?", k=5)]
         assert first.id in hits
         assert again.id not in hits
-        assert store.get("alice", again.id).provenance.source == "user_supplied"  # kept, with its provenance
-        a, b, c = store.remember_many("carol", [FACTS[0], FACTS[0], FACTS[3]])
-        assert (a.duplicate_of, b.duplicate_of, c.duplicate_of) == (None, a.id, None)  # within one batch too
+        merged = store.search("alice", "What does Alice like to drink?", k=5, include_merged=True)
+        assert again.id in [r.memory.id for r in merged]
+        stored = store.get("alice", again.id)
+        assert stored.provenance.source == "user_supplied"  # kept, with its provenance and score
+        assert stored.duplicate_score == again.duplicate_score
+        doc = json.loads(store.export("alice"))
+        assert doc["merged"] == 1
+        assert [(m["id"], m["duplicate_of"]) for m in doc["memories"] if m["duplicate_of"]] == [
+            (again.id, first.id)
+        ]
+
+    def test_a_given_threshold_still_opts_in_and_none_still_turns_deduplication_off(
+        self, make_store: MemoryStoreFactory, embedder: Embedder
+    ) -> None:
+        """The arguments of earlier versions keep their meaning."""
+        assert make_store(embedder, duplicate_threshold=0.8).dedupe == "similar"
+        assert make_store(embedder).dedupe == "exact"
+        store = make_store(embedder, duplicate_threshold=None)
+        assert store.dedupe == "none"
+        a, b = store.remember_many("alice", [FACTS[0], FACTS[0]])
+        assert a.id != b.id
+        assert b.dedupe is None
+
+    # --- superseding ---------------------------------------------------------------------
 
     def test_supersede_hides_the_old_fact_and_points_to_its_successor(self, store: MemoryStore) -> None:
         """A superseded memory is kept and marked, but never returned beside the fact that replaced it."""
@@ -338,22 +436,46 @@ class MemoryStoreSuite:
 
     # --- input and output ----------------------------------------------------------------
 
-    def test_refused_input_writes_nothing(self, store: MemoryStore) -> None:
-        """Bad owners, contents, kinds, metadata and batches raise InvalidInputError; nothing is stored."""
-        calls: list[Callable[[MemoryStore], object]] = [
-            lambda s: s.remember("", "x"),
-            lambda s: s.remember("o\x00", "x"),
-            lambda s: s.remember("o", ""),
-            lambda s: s.remember("o", "half a pair \ud83d"),
-            lambda s: s.remember("o", "x", kind="fact"),  # type: ignore[arg-type]
-            lambda s: s.remember("o", "x", metadata={"f": float("nan")}),
-            lambda s: s.remember("o", "x", ttl=timedelta(0)),
-            lambda s: s.remember_many("o", ["ok", 3]),  # type: ignore[list-item]
-            lambda s: s.search("o", "x", k=0),
-        ]
-        for call in calls:
-            with pytest.raises(InvalidInputError):
-                call(store)
+    @pytest.mark.parametrize(
+        ("call", "field"),
+        [
+            (lambda s: s.remember("", "x"), "owner"),
+            (lambda s: s.remember("a\x00b", "x"), "owner"),
+            (lambda s: s.remember("\ud800", "x"), "owner"),
+            (lambda s: s.remember("o", "half a pair \ud83d"), "content"),
+            (lambda s: s.remember("o", "x", tags=["\udfff"]), "tags"),
+            (lambda s: s.search("\ud800", "x"), "owner"),
+            (lambda s: s.forget("\ud800"), "owner"),
+            (lambda s: s.remember(7, "x"), "owner"),
+            (lambda s: s.remember("o", ""), "content"),
+            (lambda s: s.remember("o", "x", kind="fact"), "kind"),
+            (lambda s: s.remember("o", "x", tags=[""]), "tags"),
+            (lambda s: s.remember("o", "x", metadata={"f": float("nan")}), "metadata"),
+            (lambda s: s.remember("o", "x", metadata={1: "a"}), "metadata"),
+            (lambda s: s.remember("o", "x", metadata={"note": "\ud800"}), "metadata"),
+            (lambda s: s.remember("o", "x", provenance=Provenance("gossip")), "provenance.source"),  # type: ignore[arg-type]
+            (lambda s: s.remember("o", "x", provenance=Provenance(trust=1.5)), "provenance.trust"),
+            (lambda s: s.remember("o", "x", ttl=timedelta(0)), "ttl"),
+            (lambda s: s.remember("o", "x", expires_at=datetime(2000, 1, 1, tzinfo=UTC)), "expires_at"),
+            (lambda s: s.remember("o", "x", expires_at=datetime(2999, 1, 1)), "expires_at"),
+            (lambda s: s.remember_many("o", []), "items"),
+            (lambda s: s.remember_many("o", ["ok", 3]), "items"),
+            (lambda s: s.search("o", "x", k=0), "k"),
+            (lambda s: s.search("o", "x", mode="fuzzy"), "mode"),
+            (lambda s: s.search("o", "x", min_trust=2), "min_trust"),
+            (lambda s: s.search("o", "x", kinds=["fact"]), "kinds"),
+            (lambda s: s.search("o", "x", since=datetime(2020, 1, 1)), "since"),
+            (lambda s: s.reembed(batch_size=0), "batch_size"),
+        ],
+    )
+    def test_bad_input_raises_a_statekeep_error_naming_the_field_and_writes_nothing(
+        self, store: MemoryStore, call: Callable[[MemoryStore], object], field: str
+    ) -> None:
+        """Every public entry point refuses bad input with an InvalidInputError naming the field."""
+        with pytest.raises(InvalidInputError) as info:
+            call(store)
+        assert info.value.field == field
+        assert isinstance(info.value, StatekeepError)
         assert store.list_memories("o") == []
 
     def test_invariant_9_memories_reach_the_model_as_delimited_data_with_provenance(

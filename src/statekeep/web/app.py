@@ -27,6 +27,7 @@ from datetime import datetime
 from http import HTTPStatus
 from typing import Annotated, Any
 
+from statekeep._extras import requires
 from statekeep._json import MAX_DEPTH, parse
 from statekeep._text import check_id
 from statekeep.audit import AuditLog
@@ -36,14 +37,13 @@ from statekeep.errors import (
     ApprovalExpiredError,
     ConfigError,
     InvalidInputError,
-    MissingDependencyError,
     NotFoundError,
     StatekeepError,
     StorageError,
 )
 from statekeep.workflow import Approval, Run, RunStatus, WorkflowStore
 
-try:
+with requires("web", "the approval webhook"):
     from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
@@ -51,8 +51,6 @@ try:
     from starlette.datastructures import Headers
     from starlette.exceptions import HTTPException as StarletteHTTPException
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependencyError("statekeep[web]", "the approval webhook") from exc
 
 MIN_TOKEN_LENGTH = 16
 #: The largest request body the webhook reads, unless ``create_app(max_body=...)`` says otherwise.

@@ -190,6 +190,38 @@ class WorkflowStore(ABC):
             RunFinishedError: the run has already finished.
         """
 
+    @abstractmethod
+    def retry(self, run_id: str) -> Run:
+        """Make a failed run runnable again; it continues after its last completed step.
+
+        The journal, the ledger and the working state are kept (the failing step never
+        committed, so replay runs it again); the error is cleared, the lease epoch bumped.
+        The retry is recorded as the event ``statekeep.retried`` (with the error it
+        cleared), which no wait ever consumes.
+
+        Raises:
+            RunNotFoundError: no such run.
+            InvalidInputError: the run has not failed.
+        """
+
+    @abstractmethod
+    def fork(self, run_id: str, at_seq: int, run: dict[str, Any]) -> Run:
+        """Start the run ``run["run_id"]`` from the journal of ``run_id`` up to ``at_seq``.
+
+        ``run`` holds the new run's ``run_id``, ``input`` and ``input_hash``; its workflow,
+        version and state schema are the source's. Journal entries and completed ledger
+        calls up to ``at_seq`` are copied (idempotency keys renamed to the new run), and
+        its checkpoint is theirs: the working-state version and context cursor of the
+        last entries that set one, which the caller copies first. The new run is pending.
+        The fork is recorded on the source as the event ``statekeep.forked``. Forking
+        again to the same id with the same input returns the existing run.
+
+        Raises:
+            RunNotFoundError: no such source run.
+            InvalidInputError: ``at_seq`` is past the source's last completed step.
+            RunConflictError: the new id is taken by another run.
+        """
+
     def get(self, run_id: str) -> Run:
         """The run with this id.
 

@@ -139,6 +139,49 @@ class Engine:
         """
         return self._take_and_execute(self.store.get(check_run_id(run_id)))
 
+    def retry(self, run_id: str) -> Run:
+        """Make a failed run runnable again, from its last completed step (see :meth:`WorkflowStore.retry`).
+
+        It is not executed here: :meth:`resume` it, or a worker will.
+        """
+        return self.store.retry(check_run_id(run_id))
+
+    def fork(
+        self,
+        run_id: str,
+        new_id: str,
+        at_seq: int,
+        *,
+        args: list[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+    ) -> Run:
+        """A new pending run ``new_id`` that starts from ``run_id``'s journal up to step ``at_seq``.
+
+        Its input is the source's (or ``args``/``kwargs``), plus ``forked_from``
+        (``{"run_id": ..., "seq": ...}``). Working state the copied steps refer to
+        must already be stored under ``new_id``. See :meth:`WorkflowStore.fork`.
+
+        Raises:
+            InvalidInputError: bad ids, ``at_seq`` past the source's last step, or non-JSON input.
+            RunNotFoundError: no such source run.
+            RunConflictError: ``new_id`` is taken by another run.
+        """
+        source = self.store.get(check_run_id(run_id))
+        check_run_id(new_id)
+        stored = source.input if isinstance(source.input, dict) else {}
+        payload = {
+            "args": list(stored.get("args", [])) if args is None else list(args),
+            "kwargs": dict(stored.get("kwargs", {})) if kwargs is None else dict(kwargs),
+            "forked_from": {"run_id": run_id, "seq": at_seq},
+        }
+        try:
+            text = codec.to_json(payload)
+        except codec.NotJSONError as exc:
+            raise InvalidInputError(f"workflow input is not JSON: {exc}", field="input") from exc
+        return self.store.fork(
+            run_id, at_seq, {"run_id": new_id, "input": text, "input_hash": codec.digest(payload)}
+        )
+
     async def arun(self, workflow: Workflow[P, R], run_id: str, /, *args: P.args, **kwargs: P.kwargs) -> Run:
         """Awaitable :meth:`run`, for callers inside an event loop."""
         return await asyncio.to_thread(self.run, workflow, run_id, *args, **kwargs)

@@ -150,6 +150,96 @@ class SQLWorkflowStore(WorkflowStore):
             withdraw_approvals(conn, run_id)
             return _get(conn, run_id, self.keys)
 
+    def retry(self, run_id: str) -> Run:
+        check_run_id(run_id)
+        stamp = now()
+        owner = self._owner(run_id) if self.keys is not None else None
+        self._prepare(owner)
+        with self.db.begin() as conn:
+            error = _get(conn, run_id, self.keys).error
+            reopen = (
+                runs.update()
+                .where(runs.c.run_id == run_id, runs.c.status == RunStatus.FAILED.value)
+                .values(
+                    status=RunStatus.PENDING.value,
+                    output=None,
+                    error=None,
+                    finished_at=None,
+                    runnable_at=stamp,
+                    updated_at=stamp,
+                    waiting=None,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    lease_parent_epoch=None,
+                    epoch=runs.c.epoch + 1,
+                )
+            )
+            if conn.execute(reopen).rowcount != 1:
+                status = _get(conn, run_id, self.keys).status.value
+                raise InvalidInputError(
+                    f"run {run_id!r} is {status}: only a failed run is retried", field="run_id"
+                )
+            run = _get(conn, run_id, self.keys)
+            note = {"error": error, "after_seq": run.last_seq}
+            _note(conn, run_id, "statekeep.retried", note, self.keys, owner)
+        return run
+
+    def fork(self, run_id: str, at_seq: int, run: dict[str, Any]) -> Run:
+        check_run_id(run_id)
+        new_id = check_run_id(run["run_id"])
+        check_int(at_seq, "at_seq", maximum=MAX_SEQ)
+        stamp = now()
+        owner = self._owner(run_id)
+        self._prepare(owner)
+        with self.db.begin() as conn:
+            source = _get(conn, run_id, self.keys)
+            if at_seq > source.last_seq:
+                raise InvalidInputError(
+                    f"run {run_id!r} has {source.last_seq} completed steps: cannot fork at step {at_seq}",
+                    field="at_seq",
+                )
+            schema = conn.execute(
+                sa.select(runs.c.state_schema, runs.c.state_schema_version).where(runs.c.run_id == run_id)
+            ).one()
+            q = sa.select(steps).where(steps.c.run_id == run_id, steps.c.seq <= at_seq).order_by(steps.c.seq)
+            raw = conn.execute(q).mappings().all()  # copied as stored: the fork has the same owner
+            journal = [step_record(r, self.keys) for r in raw]
+            row = {
+                "run_id": new_id,
+                "workflow": source.workflow,
+                "version": source.version,
+                "input": seal(self.keys, source.owner, run["input"]),
+                "input_hash": run["input_hash"],
+                "status": RunStatus.PENDING.value,
+                "owner": source.owner,
+                "runnable_at": stamp,
+                "created_at": stamp,
+                "updated_at": stamp,
+                "epoch": 0,
+                "last_seq": at_seq,
+                "state_schema": schema.state_schema,
+                "state_schema_version": schema.state_schema_version,
+                "state_version": _last_set(s.state_version for s in journal),
+                "cursor": _last_set(s.cursor for s in journal),
+            }
+            insert = self.db.dialect.insert(runs).values(row).on_conflict_do_nothing()
+            if conn.execute(insert.returning(runs.c.run_id)).first() is None:  # the id is taken
+                existing = _get(conn, new_id, self.keys)
+                if existing.workflow == source.workflow and codec.digest(existing.input) == run["input_hash"]:
+                    return existing
+                raise RunConflictError(new_id, "is taken by another run")
+            for stored in raw:
+                conn.execute(steps.insert().values({**stored, "run_id": new_id}))
+            calls = sa.select(tool_calls).where(
+                tool_calls.c.run_id == run_id, tool_calls.c.seq <= at_seq, tool_calls.c.status == "completed"
+            )
+            for call in conn.execute(calls).mappings().all():
+                key = str(call["key"])
+                renamed = new_id + key[len(run_id) :] if key.startswith(f"{run_id}/") else f"{new_id}/{key}"
+                conn.execute(tool_calls.insert().values({**call, "run_id": new_id, "key": renamed}))
+            _note(conn, run_id, "statekeep.forked", {"run_id": new_id, "at_seq": at_seq}, self.keys, owner)
+            return _get(conn, new_id, self.keys)
+
     # --- leases ---------------------------------------------------------------------------
 
     def acquire(self, run_id: str, owner: str, lease: float, *, parent: Run | None = None) -> Run | None:
@@ -437,6 +527,24 @@ def _get(conn: Connection, run_id: str, keys: KeyRing | None) -> Run:
     if row is None:
         raise RunNotFoundError(run_id)
     return run_record(row, keys)
+
+
+def _note(
+    conn: Connection, run_id: str, name: str, payload: dict[str, Any], keys: KeyRing | None, owner: str | None
+) -> None:
+    """Record something that happened to a run as an event no wait consumes (``consumed_seq`` 0)."""
+    text = seal(keys, owner, codec.to_json(payload))  # a retry's note holds the error: sealed like it
+    conn.execute(
+        events.insert().values(run_id=run_id, name=name, payload=text, created_at=now(), consumed_seq=0)
+    )
+
+
+def _last_set(values: Iterable[int | None]) -> int | None:
+    found = None
+    for value in values:
+        if value is not None:
+            found = value
+    return found
 
 
 def _approval(conn: Connection, approval_id: str, keys: KeyRing | None) -> Approval:

@@ -16,6 +16,7 @@ Tests that inspect the internals of the SDK's own class are deselected, each wit
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -64,7 +65,8 @@ DESELECTED = {
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    kept, dropped = [], []
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
     for item in items:
         name = getattr(item, "originalname", None) or item.name
         (dropped if name in DESELECTED else kept).append(item)
@@ -108,6 +110,8 @@ def _statekeep_adapters(
         monkeypatch.setattr(module, "SQLiteSession", _session_factory(_peer_database, scratch))
     if hasattr(module, "InMemoryStore"):
         monkeypatch.setattr(module, "InMemoryStore", _store_class(_peer_database, scratch))
+    yield
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _session_factory(database: str | None, scratch: Path) -> Any:

@@ -1,0 +1,70 @@
+"""What a fork copies besides the journal: the session's log up to the cursor, and the working state.
+
+Both copies keep their numbers (event seqs, state versions), so that the copied
+journal's cursors and versions mean the same in the new run. Both are idempotent:
+a fork interrupted by a crash is completed by forking again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from statekeep.context import ContextStore
+from statekeep.context._log import Draft
+from statekeep.errors import AgentError, RunConflictError, StateNotFoundError
+from statekeep.runtime.agent import AgentState
+from statekeep.working import WorkingStateStore
+
+
+def copy_session(
+    context: ContextStore, source: str, target: str, upto: int, rename: tuple[str, str], owner: str
+) -> None:
+    """Copy events ``1..upto`` of ``source`` into the empty session ``target`` of ``owner``, keys renamed.
+
+    Raises:
+        RunConflictError: ``target`` already holds other events.
+        SessionOwnerError: either session belongs to another owner.
+        AgentError: retention pruned events of ``source`` that the copy needs.
+    """
+    context.claim(target, owner)
+    if upto == 0:
+        return
+    have = context.last_seq(target)
+    if have == upto and context.events(target, after=upto - 1)[0].key == _renamed(
+        context.events(source, after=upto - 1, upto=upto)[0].key, rename
+    ):
+        return  # copied by an earlier, interrupted fork
+    if have:
+        raise RunConflictError(
+            target, f"session {target!r} already has {have} events: fork into another session"
+        )
+    events = context.events(source, upto=upto, owner=owner)
+    if [e.seq for e in events] != list(range(1, upto + 1)):
+        raise AgentError(f"session {source!r} was pruned: its events up to {upto} cannot be copied")
+    drafts = [
+        replace(Draft(e.kind, e.payload, e.tokens, e.counter, e.created_at), key=_renamed(e.key, rename))
+        for e in events
+    ]
+    context._append(target, drafts, None, owner)
+
+
+def copy_states(states: WorkingStateStore, source: str, target: str, upto: int, session_id: str) -> None:
+    """Copy working-state versions ``1..upto`` of ``source`` to ``target``, pointing at ``session_id``.
+
+    A version retention pruned is filled with version ``upto`` (the copied journal never reads it).
+    """
+    have = states.latest_version(target)
+    if have > upto:
+        raise RunConflictError(target, f"already has {have} working-state versions")
+    for version in range(have + 1, upto + 1):
+        try:
+            state = states.load(source, AgentState, version=version)
+        except StateNotFoundError:
+            state = states.load(source, AgentState, version=upto)
+        copied = state.model_copy(update={"session_id": session_id})
+        states.save(target, copied, expected_version=version - 1, owner=state.owner)  # sealed as the source
+
+
+def _renamed(key: str | None, rename: tuple[str, str]) -> str | None:
+    old, new = rename
+    return new + key[len(old) :] if key is not None and key.startswith(old) else key
