@@ -6,16 +6,19 @@ prints a one-line reason and exits non-zero, without a traceback; an unknown
 id is a failure. Commands that only read never create a database, a schema or
 a folder: a missing one is an error naming its setting. Listings are newest
 first, a page at a time, say how many there are in all, print ids in full, and
-print JSON with ``--json``.
+print JSON with ``--json``. Commands that act on a run, an approval or a
+person's data are recorded in the audit log under ``statekeep --as NAME``
+(``STATEKEEP_ACTOR``; default: the OS user).
 """
 
 from __future__ import annotations
 
+import getpass
 import importlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -32,6 +35,7 @@ from statekeep.config import Settings
 from statekeep.errors import InvalidInputError, StatekeepError
 
 if TYPE_CHECKING:
+    from statekeep.audit import Action
     from statekeep.db import Database
     from statekeep.memory import Embedder, MemoryStore
     from statekeep.runtime import Agent, Runtime
@@ -43,12 +47,14 @@ approvals_app = typer.Typer(help="Approvals waiting for a person.", no_args_is_h
 memory_app = typer.Typer(help="Long-term memory, per owner.", no_args_is_help=True)
 context_app = typer.Typer(help="Session context.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+keys_app = typer.Typer(help="Encryption keys: rotation and re-encryption.", no_args_is_help=True)
 for sub, name in (
     (runs_app, "runs"),
     (approvals_app, "approvals"),
     (memory_app, "memory"),
     (context_app, "context"),
     (db_app, "db"),
+    (keys_app, "keys"),
 ):
     app.add_typer(sub, name=name)
 console = Console()
@@ -113,6 +119,38 @@ def _load_settings(database_url: str | None, home: str | None, memory_url: str |
     return Settings.load(home=home, database_url=database_url, memory_url=memory_url)
 
 
+#: who runs this command, for the audit log (``--as``)
+_ACTOR: dict[str, str] = {}
+
+
+@app.callback()
+def _identify(
+    as_: Annotated[
+        str | None,
+        typer.Option("--as", envvar="STATEKEEP_ACTOR", help="Who you are, for the audit log."),
+    ] = None,
+) -> None:
+    """Durable state for AI agents."""
+    _ACTOR["name"] = as_ or getpass.getuser()
+
+
+def _audit(
+    database_url: str | None,
+    home: str | None,
+    action: Action,
+    target: str | None,
+    detail: Mapping[str, int | str | bool | None] | None = None,
+) -> None:
+    """Record a command in the audit log (never the content it showed or changed)."""
+    from statekeep.audit import AuditLog
+
+    log = AuditLog(_settings(database_url, home).url_for("workflow"))
+    try:
+        log.record(_ACTOR.get("name") or getpass.getuser(), action, target, via="cli", detail=detail)
+    finally:
+        log.db.dispose()
+
+
 def _settings(database_url: str | None, home: str | None, memory_url: str | None = None) -> Settings:
     """The settings, with every server reached (and the memory folder created) once."""
     settings = _load_settings(database_url, home, memory_url)
@@ -131,10 +169,13 @@ def _opened(db: Database) -> Database:
 
 
 def _workflow(database_url: str | None, home: str | None) -> WorkflowStore:
-    """The workflow store of an existing database (nothing is created)."""
+    """The workflow store of an existing database (nothing is created), with the key ring."""
+    from statekeep.keys import open_key_ring
     from statekeep.workflow import SQLWorkflowStore
 
-    return SQLWorkflowStore(_opened(open_sql(_load_settings(database_url, home), "workflow")))
+    settings = _load_settings(database_url, home)
+    db = _opened(open_sql(settings, "workflow"))
+    return SQLWorkflowStore(db, keys=open_key_ring(settings, db))
 
 
 def _memory(
@@ -264,6 +305,7 @@ def runs_events(
 def runs_cancel(run_id: RunID, database_url: DatabaseURL = None, home: Home = None) -> None:
     """Cancel a live run; no worker will advance it again."""
     run = _workflow(database_url, home).cancel(run_id)
+    _audit(database_url, home, "cancel", run.run_id)
     console.print(literal(f"run {run.run_id}: {run.status}"))
 
 
@@ -366,6 +408,7 @@ def approvals_approve(
 ) -> None:
     """Approve: the gated action may run, with exactly the arguments shown."""
     a = _decide(approval_id, True, by, comment, database_url, home)
+    _audit(database_url, home, "approve", a.approval_id, {"run": a.run_id, "by": by})
     console.print(
         literal(f"approval {a.approval_id}: {a.status} by {a.decided_by}; run {a.run_id} can resume")
     )
@@ -381,6 +424,7 @@ def approvals_reject(
 ) -> None:
     """Reject: the gated action will not run."""
     a = _decide(approval_id, False, by, comment, database_url, home)
+    _audit(database_url, home, "reject", a.approval_id, {"run": a.run_id, "by": by})
     console.print(literal(f"approval {a.approval_id}: {a.status} by {a.decided_by}"))
 
 
@@ -608,6 +652,7 @@ def memory_search(
     """Search an owner's memories by meaning, with provenance (works while a worker writes)."""
     with _memory(database_url, home, memory_url, read_only=True, embedder=embedder) as store:
         hits = store.search(owner, query, k=k, mode="hybrid" if hybrid else "vector")
+    _audit(database_url, home, "read_memories", owner, {"results": len(hits)})
     if json_out:
         doc = [{"score": h.score, **h.memory.as_dict()} for h in hits]
         _print_json(json.dumps(doc, ensure_ascii=False, indent=2))
@@ -690,6 +735,7 @@ def memory_forget(
         raise typer.Abort()
     with _memory(database_url, home, memory_url) as store:
         receipt = store.forget_one(owner, memory_id) if memory_id else store.forget(owner)
+    _audit(database_url, home, "forget_memories", owner, {"removed": receipt.removed})
     _print_json(json.dumps(receipt.as_dict(), ensure_ascii=False, indent=2))
 
 
@@ -704,6 +750,7 @@ def memory_export(
     """Export an owner's memories as JSON (works while a worker writes)."""
     with _memory(database_url, home, memory_url, read_only=True) as store:
         data = store.export(owner)
+    _audit(database_url, home, "export", owner, {"memories": int(json.loads(data)["count"])})
     if out is None:
         _print_json(data)
     else:
@@ -764,21 +811,24 @@ def context_show(
     from statekeep._inspect import find_sql, next_context
     from statekeep.context import SQLContextStore
     from statekeep.errors import SessionOwnerError
+    from statekeep.keys import open_key_ring
     from statekeep.workflow import SQLWorkflowStore
     from statekeep.working import SQLWorkingStateStore
 
     settings = _load_settings(database_url, home, memory_url)
-    context = SQLContextStore(_opened(open_sql(settings, "context")))
+    context_db = _opened(open_sql(settings, "context"))
+    workflow_db, working_db = find_sql(settings, "workflow"), find_sql(settings, "working")
+    keys = None if workflow_db is None else open_key_ring(settings, workflow_db)
+    context = SQLContextStore(context_db, keys=keys)
     found_owner = context.owner_of(session)
     if owner is not None and found_owner not in (None, owner):
         raise SessionOwnerError(session, owner, found_owner)
     chosen = None if embedder is None else _embedder(embedder)
-    workflow_db, working_db = find_sql(settings, "workflow"), find_sql(settings, "working")
     built = next_context(
         session_id=session,
         context=context,
-        workflow=None if workflow_db is None else SQLWorkflowStore(_opened(workflow_db)),
-        working=None if working_db is None else SQLWorkingStateStore(_opened(working_db)),
+        workflow=None if workflow_db is None else SQLWorkflowStore(_opened(workflow_db), keys=keys),
+        working=None if working_db is None else SQLWorkingStateStore(_opened(working_db), keys=keys),
         memory=lambda: open_memory(settings, chosen, read_only=True),
         agent=None if agent is None else _agent(agent),
         system=system,
@@ -786,6 +836,7 @@ def context_show(
         memory_k=memories,
     )
     record = built.record
+    _audit(database_url, home, "read_context", session, {"owner": built.owner})
     if json_out:
         doc = {
             "session_id": session,
@@ -823,6 +874,114 @@ def context_show(
                 console.print(literal(f"  -> {call['name']}({arguments}) [{call['id']}]"))
 
 
+# --- erasure, keys and the audit log ------------------------------------------------------------
+
+
+@app.command()
+def erase(
+    owner: str,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    cancel_live: Annotated[
+        bool, typer.Option("--cancel-live", help="Cancel the owner's live runs first (else: refuse).")
+    ] = False,
+    database_url: DatabaseURL = None,
+    home: Home = None,
+    memory_url: MemoryURL = None,
+) -> None:
+    """Erase everything of an owner from every store (sessions, runs, memories, keys); print the receipt."""
+    from statekeep.audit import AuditLog
+    from statekeep.context import SQLContextStore
+    from statekeep.erasure import erase_owner
+    from statekeep.keys import open_key_ring
+    from statekeep.memory import open_memory_store
+    from statekeep.workflow import SQLWorkflowStore
+    from statekeep.working import SQLWorkingStateStore
+
+    if not yes and not typer.confirm(f"Erase EVERYTHING of owner {owner!r}, in every store?"):
+        raise typer.Abort()
+    settings = _settings(database_url, home, memory_url)
+    keys = open_key_ring(settings)
+    context = SQLContextStore(settings.url_for("context"), keys=keys)
+    working = SQLWorkingStateStore(settings.url_for("working"), keys=keys)
+    workflow = SQLWorkflowStore(settings.url_for("workflow"), keys=keys)
+    log = AuditLog(settings.url_for("workflow"))
+    try:  # a refusal (live runs) releases every connection too
+        with open_memory_store(settings.memory_url) as memory:
+            receipt = erase_owner(
+                owner,
+                context=context,
+                working=working,
+                workflow=workflow,
+                memory=memory,
+                keys=keys,
+                cancel_live=cancel_live,
+            )
+        actor = _ACTOR.get("name") or getpass.getuser()
+        log.record(actor, "erase", owner, via="cli", detail=receipt.counts())
+    finally:
+        for store in (context, working, workflow, log, keys):
+            if store is not None:
+                store.db.dispose()
+    console.print_json(json.dumps(receipt.as_dict()))
+
+
+@app.command("audit")
+def audit_list(
+    limit: int = 100,
+    action: Annotated[str | None, typer.Option(help="Only this action (erase, approve, ...).")] = None,
+    target: Annotated[
+        str | None, typer.Option(help="Only records about this run, approval or owner id.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+    database_url: DatabaseURL = None,
+    home: Home = None,
+) -> None:
+    """The audit log, newest first: who did what, to what, when (counts only, never content)."""
+    from statekeep.audit import AuditLog
+
+    log = AuditLog(_settings(database_url, home).url_for("workflow"))
+    found = log.entries(limit=limit, action=action, target=target)
+    log.db.dispose()
+    if as_json:
+        for entry in found:
+            print(json.dumps(entry.as_dict()))
+        return
+    table = Table("time", "actor", "action", "target", "via", "detail")
+    for e in found:
+        detail = ", ".join(f"{k}={v}" for k, v in e.detail.items())
+        table.add_row(f"{e.at:%Y-%m-%d %H:%M:%S}", e.actor, e.action, e.target or "-", e.via, detail)
+    console.print(table)
+
+
+@keys_app.command("rotate")
+def keys_rotate(database_url: DatabaseURL = None, home: Home = None) -> None:
+    """New key-encryption key (local key file) and new data keys; old rows stay readable until reencrypt."""
+    from statekeep.keys import open_key_ring
+
+    keys = open_key_ring(_settings(database_url, home))
+    if keys is None:
+        raise InvalidInputError("encryption is off (STATEKEEP_KEYS=none)", field="STATEKEEP_KEYS")
+    new = keys.rotate()
+    _audit(database_url, home, "rotate_keys", None, {"key_encryption_key": new})
+    console.print(f"new writes use new data keys{f'; key-encryption key {new}' if new else ''}")
+    keys.db.dispose()
+
+
+@keys_app.command("reencrypt")
+def keys_reencrypt(database_url: DatabaseURL = None, home: Home = None) -> None:
+    """Seal again every value sealed under a retired data key, re-wrap old data keys, drop unused ones."""
+    from statekeep.keys import open_key_ring, reencrypt
+
+    settings = _settings(database_url, home)
+    keys = open_key_ring(settings)
+    if keys is None:
+        raise InvalidInputError("encryption is off (STATEKEEP_KEYS=none)", field="STATEKEEP_KEYS")
+    report = reencrypt(keys, {store: settings.url_for(store) for store in ("context", "working", "workflow")})
+    _audit(database_url, home, "reencrypt", None, report)
+    console.print_json(json.dumps(report))
+    keys.db.dispose()
+
+
 # --- database and demo -------------------------------------------------------------------------
 
 
@@ -842,6 +1001,13 @@ def db_upgrade(database_url: DatabaseURL = None, home: Home = None) -> None:
         store = open_store(settings.url_for(name))
         console.print(f"{name}: up to date")
         store.db.dispose()
+    from statekeep.audit import AuditLog
+    from statekeep.keys import open_key_ring
+
+    for name, extra in (("audit", AuditLog(settings.url_for("workflow"))), ("keys", open_key_ring(settings))):
+        if extra is not None:
+            console.print(f"{name}: up to date")
+            extra.db.dispose()
 
 
 @app.command()

@@ -6,12 +6,19 @@ setting                        used by                                     defau
 ``STATEKEEP_HOME``             where embedded data lives                   ``.statekeep``
 ``STATEKEEP_DATABASE_URL``     context, working state, workflow (SQL)      ``sqlite:///<home>/statekeep.db``
 ``STATEKEEP_MEMORY_URL``       long-term memory                            ``<home>/memory`` (LanceDB)
+``STATEKEEP_KEYS``             who holds the key-encryption keys           ``local`` (the key file)
+``STATEKEEP_KEY_FILE``         the local key file                          ``<home>/keys.json``
 =============================  ==========================================  ==============================
 
 Each SQL store may also be pointed elsewhere (``context_url``, ``working_url``,
 ``workflow_url``; env ``STATEKEEP_CONTEXT_URL`` and so on); they default to the
 database URL. The memory URL is a folder path or ``lancedb://path`` for LanceDB,
 or a ``postgresql://`` URL for pgvector.
+
+``STATEKEEP_KEYS`` is ``local`` (payloads sealed with per-owner data keys, wrapped
+by the keys of the local key file), ``none`` (no encryption at rest), or
+``module:callable``, a factory given the settings that returns a
+:class:`~statekeep.keys.KeyProvider` (a KMS). See docs/privacy.md.
 """
 
 from __future__ import annotations
@@ -49,6 +56,10 @@ class Settings:
     database_url: str
     memory_url: str
     store_urls: Mapping[str, str] = field(default_factory=dict)
+    #: ``local``, ``none`` or ``module:callable`` (see the module docstring)
+    keys: str = "local"
+    #: the local key file (``keys="local"``); empty means ``<home>/keys.json``
+    key_file: str = ""
 
     @classmethod
     def load(
@@ -58,6 +69,8 @@ class Settings:
         database_url: str | None = None,
         memory_url: str | None = None,
         env: Mapping[str, str] | None = None,
+        keys: str | None = None,
+        key_file: str | Path | None = None,
         **store_urls: str | None,
     ) -> Settings:
         """Read settings from arguments, then the environment, then defaults.
@@ -89,7 +102,13 @@ class Settings:
             urls[store] = url
         mem = memory_url or env.get("STATEKEEP_MEMORY_URL") or str(root / "memory")
         parse_memory_url(mem)
-        return cls(home=root, database_url=db_url, memory_url=mem, store_urls=urls)
+        provider = keys or env.get("STATEKEEP_KEYS") or "local"
+        _check_keys(provider)
+        _check_folder(key_file, "key_file")
+        path = str(key_file or env.get("STATEKEEP_KEY_FILE") or root / "keys.json")
+        return cls(
+            home=root, database_url=db_url, memory_url=mem, store_urls=urls, keys=provider, key_file=path
+        )
 
     def url_for(self, store: str) -> str:
         """The SQL URL of one store (``context``, ``working`` or ``workflow``).
@@ -160,6 +179,13 @@ def parse_memory_url(url: str) -> MemoryURL:
     if "://" in url:
         raise ConfigError(setting, url, "use a folder path, lancedb://folder, or postgresql://...")
     return MemoryURL("lancedb", url)
+
+
+def _check_keys(value: object) -> None:
+    if not isinstance(value, str) or not (
+        value in ("local", "none") or (value.count(":") == 1 and all(value.split(":")))
+    ):
+        raise ConfigError("STATEKEEP_KEYS", str(value), "must be local, none, or module:callable")
 
 
 def _check_folder(value: object, setting: str) -> None:

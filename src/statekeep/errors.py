@@ -19,7 +19,8 @@ them (``setting``, ``run_id``, ``owner``, ...) and build their own message::
     │   ├── VersionConflictError
     │   ├── RunConflictError
     │   ├── LeaseLostError
-    │   └── ApprovalDecidedError
+    │   ├── ApprovalDecidedError
+    │   └── LiveRunsError
     ├── SchemaVersionError
     │   └── MigrationError
     ├── StorageError
@@ -47,6 +48,7 @@ them (``setting``, ``run_id``, ``owner``, ...) and build their own message::
     │   ├── EmbedderError
     │   ├── MemoryLockedError (also ConfigError)
     │   └── ErasureError
+    ├── SealedDataError
     ├── ModelError
     └── AgentError
 
@@ -453,12 +455,45 @@ class MemoryLockedError(MemoryStoreError, ConfigError):
 
 
 class ErasureError(MemoryStoreError):
-    """An erasure deleted the rows but could not rewrite every file that held them."""
+    """An erasure deleted the rows but could not rewrite every file that held them; call it again."""
 
     def __init__(self, owner: str, step: str, reason: str) -> None:
         self.owner = owner
         self.step = step
-        super().__init__(f"erasing owner {owner!r} failed at {step}: {reason}; run forget again")
+        super().__init__(f"erasing owner {owner!r} failed at {step}: {reason}; erase again")
+
+
+# --- keys and erasure -------------------------------------------------------------------
+
+
+class SealedDataError(StatekeepError):
+    """A sealed (encrypted) value cannot be opened, or cannot be sealed.
+
+    Its data key was shredded (the owner was erased), the key provider does not
+    hold the key-encryption key that wrapped it, the value was altered, or the
+    store was opened without the key ring that sealed it.
+    """
+
+    def __init__(self, key_id: str, reason: str) -> None:
+        self.key_id = key_id
+        self.reason = reason
+        super().__init__(f"data key {key_id!r}: {reason}")
+
+
+class LiveRunsError(ConflictError):
+    """An erasure was refused: the owner has runs that are still live. Nothing was erased.
+
+    Cancel them first, or erase with ``cancel_live=True``.
+    """
+
+    def __init__(self, owner: str, run_ids: list[str]) -> None:
+        self.owner = owner
+        self.run_ids = list(run_ids)
+        shown = ", ".join(repr(r) for r in self.run_ids[:10]) + (" ..." if len(self.run_ids) > 10 else "")
+        super().__init__(
+            f"owner {owner!r} has {len(self.run_ids)} live run(s): {shown}; "
+            "cancel them, or erase with cancel_live=True (--cancel-live)"
+        )
 
 
 # --- runtime and models -----------------------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from statekeep.keys import KeyRing, LocalKeyFile
 from statekeep.workflow import RunStatus, SQLWorkflowStore
 from tests.runtime.conftest import ROOT
 
@@ -47,7 +48,8 @@ def test_demo_crashes_resumes_waits_and_writes_the_crm_once(
     with sqlite3.connect(demo_home / "crm.sqlite") as crm:
         assert crm.execute("SELECT count(*) FROM write_log").fetchone()[0] == 1
     workflow_url = url if backend == "postgres" else f"sqlite:///{demo_home / 'statekeep.db'}"
-    store = SQLWorkflowStore(workflow_url)
+    keys = KeyRing(workflow_url, LocalKeyFile(demo_home / "keys.json"))  # payloads are sealed at rest
+    store = SQLWorkflowStore(workflow_url, keys=keys)
     [run] = store.list_runs()
     assert run.status is RunStatus.COMPLETED
     [approval] = store.approvals(status=None)
@@ -55,3 +57,4 @@ def test_demo_crashes_resumes_waits_and_writes_the_crm_once(
     # the killed worker's call was settled by the reconciler: every ledger call completed
     assert {c.status for c in store.tool_calls(run.run_id)} == {"completed"}
     store.db.dispose()
+    keys.db.dispose()

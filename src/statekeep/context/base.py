@@ -1,9 +1,10 @@
 """The context store contract.
 
-A backend implements five primitives: ``_view`` (a consistent read view of the
+A backend implements six primitives: ``_view`` (a consistent read view of the
 log), ``_append`` (insert events with the next sequence numbers, atomically,
 after checking or claiming the session's owner), ``_claim`` (record a
-session's owner once), ``_sessions_of`` and ``_delete_covered`` (retention).
+session's owner once), ``_sessions_of``, ``_delete_owner`` (erasure) and
+``_delete_covered`` (retention).
 Validation, token counting, building, compaction and regeneration live here
 and in the pure modules, once.
 
@@ -122,6 +123,18 @@ class ContextStore(ABC):
     def sessions_of(self, owner: str) -> list[str]:
         """The ids of the sessions ``owner`` owns, sorted (for export and erasure)."""
         return self._sessions_of(_required_owner(owner))
+
+    def delete_owner(self, owner: str) -> dict[str, int]:
+        """Erasure: delete every session ``owner`` owns, with all its events and summaries.
+
+        Returns the counts removed: ``sessions``, ``events`` (summaries included)
+        and ``summaries``. Sessions without an owner, and other owners' sessions,
+        are not touched (even if they quote this owner). The SQL backend deletes
+        with ``secure_delete`` on SQLite; call :meth:`Database.scrub
+        <statekeep.db.Database.scrub>` afterwards to truncate its WAL.
+        """
+        n_sessions, n_events, n_summaries = self._delete_owner(_required_owner(owner))
+        return {"sessions": n_sessions, "events": n_events, "summaries": n_summaries}
 
     # --- writing -------------------------------------------------------------------------
 
@@ -369,6 +382,10 @@ class ContextStore(ABC):
     @abstractmethod
     def _sessions_of(self, owner: str) -> list[str]:
         """The ids of ``owner``'s sessions, sorted."""
+
+    @abstractmethod
+    def _delete_owner(self, owner: str) -> tuple[int, int, int]:
+        """Delete ``owner``'s sessions and their events; (sessions, events, summaries) removed."""
 
     @abstractmethod
     def _delete_covered(self, session_id: str, upto: int) -> int:

@@ -125,6 +125,15 @@ class InMemoryContextStore(ContextStore):
         with self._lock:
             return sorted(k for k, s in self._sessions.items() if s.head.owner == owner)
 
+    def _delete_owner(self, owner: str) -> tuple[int, int, int]:
+        with self._lock:
+            doomed = [k for k, s in self._sessions.items() if s.head.owner == owner]
+            n_events = sum(len(self._sessions[k].events) for k in doomed)
+            n_summaries = sum(1 for k in doomed for e in self._sessions[k].events if e.kind == SUMMARY)
+            for k in doomed:
+                del self._sessions[k]
+            return len(doomed), n_events, n_summaries
+
     def _delete_covered(self, session_id: str, upto: int) -> int:
         with self._lock:
             s = self._sessions.get(session_id)

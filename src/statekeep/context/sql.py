@@ -10,6 +10,10 @@ The same row points at the latest summary, so the builder finds it by key,
 and records the session's owner: the append's ``UPDATE ... RETURNING`` returns
 it, so checking the owner costs no extra statement (the first owned append to
 an unowned session records it, under the same row lock).
+
+With a key ring (``keys=``), event payloads (messages and summaries) of an
+owned session are sealed with the data key of the session's owner; reads open
+them. Payloads of a session without an owner stay plain text.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from statekeep.db import Database, Migration, upgrade
 from statekeep.db.dialects import Dialect
 from statekeep.db.migrations import create_tables
 from statekeep.db.types import UTCDateTime
-from statekeep.errors import SessionOwnerError, StorageError
+from statekeep.errors import SealedDataError, SessionOwnerError, StorageError
+from statekeep.keys import KeyRing
 
 SCHEMA = "statekeep_context"
 metadata = sa.MetaData(schema=SCHEMA)
@@ -89,11 +94,20 @@ def _add_session_owner(conn: Connection) -> None:
         index.create(conn, checkfirst=True)
 
 
+def _no_statistics(conn: Connection) -> None:
+    # PostgreSQL's ANALYZE would copy sampled payloads (and owner ids) into pg_statistic,
+    # which erasure does not rewrite; the planner needs neither.
+    if conn.dialect.name == "postgresql":
+        for table, column in (("context_events", "payload"), ("context_sessions", "owner")):
+            conn.exec_driver_sql(f"ALTER TABLE {SCHEMA}.{table} ALTER COLUMN {column} SET STATISTICS 0")
+
+
 MIGRATIONS = [
     Migration(
         1, "context_sessions, context_events", create_tables(metadata, "context_sessions", "context_events")
     ),
     Migration(2, "context_sessions.owner: a session belongs to one owner", _add_session_owner),
+    Migration(3, "no statistics on payloads and owners (PostgreSQL)", _no_statistics),
 ]
 
 
@@ -113,6 +127,13 @@ class _KeyExists(Exception):
         self.event = event
 
 
+class _NeedKey(Exception):
+    """Internal: roll back an append to a session whose owner has no data key yet; create it, retry."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+
+
 def append_events(
     conn: Connection,
     dialect: Dialect,
@@ -120,23 +141,35 @@ def append_events(
     drafts: Sequence[Draft],
     expect_summary: int | None,
     owner: str | None = None,
+    keys: KeyRing | None = None,
 ) -> list[Event]:
     """Append ``drafts`` inside the caller's transaction; see :meth:`ContextStore._append`.
+
+    With ``keys``, the payloads of an owned session are sealed under its owner's data key.
 
     Raises:
         SessionOwnerError: the session belongs to another owner (the caller rolls back).
         _GuardFailed: the latest summary is no longer ``expect_summary`` (the caller rolls back).
+        _NeedKey: the session's owner has no data key cached yet (the caller rolls back,
+            prepares it, and retries).
     """
-    last, summary_seq = _bump(conn, dialect, session_id, len(drafts), owner)
+    last, summary_seq, holder = _bump(conn, dialect, session_id, len(drafts), owner)
     if expect_summary is not None and summary_seq != expect_summary:
         raise _GuardFailed
     if drafts[0].key is not None:  # checked under the session row lock, so no race
         found = conn.execute(_Q["key"], {"sid": session_id, "key": drafts[0].key}).all()
         if found:
-            raise _KeyExists(_events(session_id, found)[0])
+            raise _KeyExists(_events(session_id, found, keys)[0])
     first = last - len(drafts) + 1
     stored = [d.at(session_id, first + i) for i, d in enumerate(drafts)]
-    conn.execute(events.insert(), [_row(e) for e in stored])
+    rows = [_row(e) for e in stored]
+    if keys is not None and holder is not None:
+        try:
+            for row in rows:
+                row["payload"] = keys.seal(holder, row["payload"], create=False)
+        except SealedDataError:
+            raise _NeedKey(holder) from None
+    conn.execute(events.insert(), rows)
     summaries = [e.seq for e in stored if e.kind == SUMMARY]
     if summaries:
         where = sessions.c.session_id == session_id
@@ -144,8 +177,10 @@ def append_events(
     return stored
 
 
-def _bump(conn: Connection, dialect: Dialect, session_id: str, n: int, owner: str | None) -> tuple[int, int]:
-    """Reserve ``n`` seqs: lock the session row and advance its counter; (new last, summary seq).
+def _bump(
+    conn: Connection, dialect: Dialect, session_id: str, n: int, owner: str | None
+) -> tuple[int, int, str | None]:
+    """Reserve ``n`` seqs: lock the session row and advance its counter; (new last, summary seq, owner).
 
     With ``owner``, refuse another owner's session and claim an unowned one, under the row lock.
     """
@@ -167,7 +202,7 @@ def _bump(conn: Connection, dialect: Dialect, session_id: str, n: int, owner: st
         if row[2] is not None:
             raise SessionOwnerError(session_id, owner, row[2])
         conn.execute(sessions.update().where(where).values(owner=owner))  # the first owned write claims it
-    return int(row[0]), int(row[1])
+    return int(row[0]), int(row[1]), owner if owner is not None else row[2]
 
 
 def _row(e: Event) -> dict[str, Any]:
@@ -201,16 +236,20 @@ _ENTRY_COLUMNS = _COLUMNS[:5]
 _decode = json.JSONDecoder().decode
 
 
-def _payloads(rows: Sequence[Any]) -> list[Any]:
-    """Every row's payload (column 2), decoded in one call: a page is one JSON array to the parser.
+def _payloads(rows: Sequence[Any], keys: KeyRing | None) -> list[Any]:
+    """Every row's payload (column 2), opened and decoded in one call: a page is one JSON array.
 
-    Each stored payload is one JSON object (``Event.payload_json``); a row that
-    is not one would shift the array, so the count and the types are checked.
+    Each stored payload is one JSON object (``Event.payload_json``), sealed or
+    not; a row that is not one would shift the array, so the count and the types
+    are checked. A sealed payload read without a key ring is refused.
     """
     if not rows:
         return []
+    texts = [r[2] for r in rows] if keys is None else [keys.open(r[2]) for r in rows]
+    if keys is None and any(t.startswith("sk1:") for t in texts):
+        raise SealedDataError("-", "this context store has no key ring: open it with keys=")
     try:
-        decoded: list[Any] = _decode("[" + ",".join([r[2] for r in rows]) + "]")
+        decoded: list[Any] = _decode("[" + ",".join(texts) + "]")
     except ValueError:
         decoded = []
     if len(decoded) != len(rows) or any(type(p) is not dict for p in decoded):
@@ -219,10 +258,10 @@ def _payloads(rows: Sequence[Any]) -> list[Any]:
     return decoded
 
 
-def _events(session_id: str, rows: Sequence[Any]) -> list[Event]:
+def _events(session_id: str, rows: Sequence[Any], keys: KeyRing | None) -> list[Event]:
     return [
         Event(session_id, r[0], r[1], p, r[3], r[4], r[5], r[6])
-        for r, p in zip(rows, _payloads(rows), strict=True)
+        for r, p in zip(rows, _payloads(rows, keys), strict=True)
     ]
 
 
@@ -239,8 +278,8 @@ class _EntryCache:
     bigger than that alone is decoded but not kept.
     """
 
-    def __init__(self, size: int = 16_384, chars: int = 4_000_000) -> None:
-        self.size, self.chars = size, chars
+    def __init__(self, size: int = 16_384, chars: int = 4_000_000, keys: KeyRing | None = None) -> None:
+        self.size, self.chars, self.keys = size, chars, keys
         self._rows: dict[tuple[str, int], tuple[tuple[Any, ...], LogEntry]] = {}
         self._chars = 0
 
@@ -248,6 +287,13 @@ class _EntryCache:
         """Forget every cached entry."""
         self._rows.clear()
         self._chars = 0
+
+    def forget_sessions(self, session_ids: set[str]) -> None:
+        """Drop every entry of these sessions (erased)."""
+        for key in list(self._rows):
+            if key[0] in session_ids:
+                dropped = self._rows.pop(key, None)
+                self._chars -= len(dropped[0][1]) if dropped else 0
 
     def forget(self, session_id: str, upto: int) -> None:
         """Drop a session's entries with ``seq <= upto`` (deleted by retention: not kept in memory either)."""
@@ -275,7 +321,7 @@ class _EntryCache:
             keep = len(fresh) <= self.size and chars <= self.chars
             if keep and (len(cached) + len(fresh) > self.size or self._chars + chars > self.chars):
                 self.clear()
-            for i, r, p in zip(missed, fresh, _payloads(fresh), strict=True):
+            for i, r, p in zip(missed, fresh, _payloads(fresh, self.keys), strict=True):
                 entry = LogEntry(session_id, r[0], r[1], p, r[3], r[4])
                 if keep:
                     cached[(session_id, r[0])] = ((r[1], r[2], r[3], r[4]), entry)
@@ -309,20 +355,23 @@ _Q = _statements()
 class _SQLView:
     """Reads of the log, all inside one read transaction."""
 
-    def __init__(self, conn: Connection, cache: _EntryCache) -> None:
+    def __init__(self, conn: Connection, cache: _EntryCache, keys: KeyRing | None) -> None:
         self._conn = conn
         self._cache = cache
+        self._keys = keys
 
     def head(self, session_id: str) -> Head | None:
         row = self._conn.execute(_Q["head"], {"sid": session_id}).first()
         return None if row is None else Head(int(row[0]), int(row[1]), int(row[2]), row[3])
 
     def event(self, session_id: str, seq: int) -> Event | None:
-        found = _events(session_id, self._conn.execute(_Q["event"], {"sid": session_id, "seq": seq}).all())
+        rows = self._conn.execute(_Q["event"], {"sid": session_id, "seq": seq}).all()
+        found = _events(session_id, rows, self._keys)
         return found[0] if found else None
 
     def by_key(self, session_id: str, key: str) -> Event | None:
-        found = _events(session_id, self._conn.execute(_Q["key"], {"sid": session_id, "key": key}).all())
+        rows = self._conn.execute(_Q["key"], {"sid": session_id, "key": key}).all()
+        found = _events(session_id, rows, self._keys)
         return found[0] if found else None
 
     def tail(self, session_id: str, *, after: int, before: int | None, limit: int) -> list[LogEntry]:
@@ -334,7 +383,7 @@ class _SQLView:
 
     def range(self, session_id: str, first: int, last: int) -> list[Event]:
         rows = self._conn.execute(_Q["range"], {"sid": session_id, "first": first, "last": last}).all()
-        return _events(session_id, rows)
+        return _events(session_id, rows, self._keys)
 
 
 class SQLContextStore(ContextStore):
@@ -342,6 +391,8 @@ class SQLContextStore(ContextStore):
 
     Args:
         db: a :class:`~statekeep.db.Database` (shared with other stores) or a URL.
+        keys: seal the payloads of owned sessions with their owner's data key
+            (see :mod:`statekeep.keys`); without it payloads are stored as plain JSON.
 
     Examples:
         >>> from statekeep.context import Message
@@ -358,10 +409,12 @@ class SQLContextStore(ContextStore):
         summarizer: Summarizer | None = None,
         high_water: float = 0.8,
         low_water: float = 0.5,
+        keys: KeyRing | None = None,
     ) -> None:
         super().__init__(counter=counter, summarizer=summarizer, high_water=high_water, low_water=low_water)
         self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_CONTEXT_URL")
-        self._entry_cache = _EntryCache()
+        self.keys = keys
+        self._entry_cache = _EntryCache(keys=keys)
         setup(self.db)
 
     def close(self) -> None:
@@ -370,7 +423,7 @@ class SQLContextStore(ContextStore):
     @contextmanager
     def _view(self) -> Iterator[LogView]:
         with self.db.read("reading the context log") as conn:
-            yield _SQLView(conn, self._entry_cache)
+            yield _SQLView(conn, self._entry_cache, self.keys)
 
     def _append(
         self,
@@ -379,13 +432,23 @@ class SQLContextStore(ContextStore):
         expect_summary: int | None,
         owner: str | None = None,
     ) -> list[Event]:
-        try:
-            with self.db.begin(f"appending to session {session_id!r}") as conn:
-                return append_events(conn, self.db.dialect, session_id, drafts, expect_summary, owner)
-        except _GuardFailed:
-            return []
-        except _KeyExists as existing:
-            return [existing.event]
+        if self.keys is not None and owner is not None and not self.keys.ready(owner):
+            self.keys.prepare(owner)  # outside the write transaction: it may create the key
+        for attempt in (1, 2):
+            try:
+                with self.db.begin(f"appending to session {session_id!r}") as conn:
+                    return append_events(
+                        conn, self.db.dialect, session_id, drafts, expect_summary, owner, self.keys
+                    )
+            except _GuardFailed:
+                return []
+            except _KeyExists as existing:
+                return [existing.event]
+            except _NeedKey as need:
+                if attempt == 2 or self.keys is None:
+                    raise SealedDataError("-", f"no data key for owner {need.owner!r}") from None
+                self.keys.prepare(need.owner)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _claim(self, session_id: str, owner: str) -> str | None:
         with self._view() as view:
@@ -415,6 +478,21 @@ class SQLContextStore(ContextStore):
         )
         with self.db.read("listing sessions") as conn:
             return [str(r[0]) for r in conn.execute(query)]
+
+    def _delete_owner(self, owner: str) -> tuple[int, int, int]:
+        ids = self._sessions_of(owner)
+        counted = sa.select(sa.func.count(), sa.func.count().filter(events.c.kind == SUMMARY))
+        n_events = n_summaries = 0
+        with self.db.begin(f"erasing the sessions of {owner!r}") as conn:
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                where = events.c.session_id.in_(chunk)
+                total, summaries = conn.execute(counted.where(where)).one()
+                n_events, n_summaries = n_events + int(total), n_summaries + int(summaries)
+                conn.execute(events.delete().where(where))
+                conn.execute(sessions.delete().where(sessions.c.session_id.in_(chunk)))
+        self._entry_cache.forget_sessions(set(ids))
+        return len(ids), n_events, n_summaries
 
     def _delete_covered(self, session_id: str, upto: int) -> int:
         mark = sessions.update().where(sessions.c.session_id == session_id, sessions.c.pruned_to < upto)

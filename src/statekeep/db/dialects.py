@@ -6,6 +6,7 @@ Shared code never checks ``dialect.name``; it calls a named hook on the
 
 from __future__ import annotations
 
+import time
 import zlib
 from typing import Any
 
@@ -46,6 +47,14 @@ class Dialect:
         """
         return {}
 
+    def scrub(self, engine: Engine) -> str:
+        """After an erasure: make the deleted bytes unrecoverable from the database's files; say how.
+
+        The base (PostgreSQL) does nothing here: sealed payloads are crypto-shredded,
+        and what must really go is rewritten by the store that holds it.
+        """
+        return "nothing to rewrite"
+
     def claim(self, query: sa.Select[Any]) -> sa.Select[Any]:
         """Make a SELECT of rows a worker is about to claim safe against other workers.
 
@@ -56,10 +65,13 @@ class Dialect:
 
 
 class SQLiteDialect(Dialect):
-    """SQLite: WAL, full fsync, and ``BEGIN IMMEDIATE`` for write transactions.
+    """SQLite: WAL, full fsync, ``secure_delete``, and ``BEGIN IMMEDIATE`` for write transactions.
 
     Taking the write lock at BEGIN (not at the first write) means two writers
     queue on ``busy_timeout`` instead of deadlocking on a lock upgrade.
+    ``secure_delete`` zeroes deleted rows and freed pages, so that no free space
+    of the file keeps a deleted value (retention and erasure rely on it; the
+    WAL's old frames go at :meth:`scrub`).
     """
 
     name = "sqlite"
@@ -73,6 +85,7 @@ class SQLiteDialect(Dialect):
             cur.execute("PRAGMA synchronous=FULL")
             cur.execute("PRAGMA busy_timeout=60000")
             cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA secure_delete=ON")
             cur.close()
 
         @sa.event.listens_for(engine, "begin")
@@ -82,6 +95,28 @@ class SQLiteDialect(Dialect):
 
     def insert(self, table: sa.Table) -> Any:
         return sqlite.insert(table)
+
+    def scrub(self, engine: Engine) -> str:
+        """Checkpoint the WAL into the database and truncate it to zero bytes.
+
+        Old WAL frames still hold page images from before a delete; the checkpoint
+        waits (``busy_timeout``) for readers of older snapshots, and is retried a
+        few times when one keeps it from finishing.
+        """
+        result: tuple[int, int, int] = (1, -1, -1)
+        for attempt in range(20):
+            raw = engine.raw_connection()  # autocommit: a checkpoint cannot run inside a transaction
+            try:
+                cur = raw.cursor()
+                row = cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                cur.close()
+            finally:
+                raw.close()
+            result = (int(row[0]), int(row[1]), int(row[2])) if row else (0, 0, 0)
+            if result[0] == 0:
+                return "WAL checkpointed and truncated to 0 bytes (secure_delete zeroed the freed space)"
+            time.sleep(0.05 * (attempt + 1))
+        return f"WAL checkpoint blocked by a reader (busy={result[0]}): run erase again to truncate it"
 
     def write_options(self) -> dict[str, Any]:
         return {"sqlite_begin": "IMMEDIATE"}

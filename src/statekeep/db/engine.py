@@ -157,6 +157,16 @@ class Database:
             reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
             raise ConfigError(self.setting, str(self.url), f"cannot connect: {reason}") from exc
 
+    def scrub(self) -> str:
+        """After an erasure, leave no deleted bytes in the database's files (SQLite: truncate the WAL).
+
+        Returns what was done, for an erasure receipt.
+        """
+        try:
+            return self.dialect.scrub(self.engine)
+        except sa.exc.DBAPIError as exc:
+            raise storage_error(exc, f"scrubbing {self!r}") from exc
+
     def dispose(self) -> None:
         """Close every pooled connection (call in a child process after fork)."""
         self.engine.dispose()

@@ -217,7 +217,10 @@ class Demo:
     @property
     def store(self) -> SQLWorkflowStore:
         if not hasattr(self, "_store"):
-            self._store = SQLWorkflowStore(self.settings.url_for("workflow"))
+            from statekeep.keys import open_key_ring
+
+            url = self.settings.url_for("workflow")
+            self._store = SQLWorkflowStore(url, keys=open_key_ring(self.settings))
         return self._store
 
     def _env(self, who: str, research: float = 0.0) -> dict[str, str]:

@@ -123,9 +123,51 @@ def _dedupe_and_order(conn: Connection) -> None:
         conn.exec_driver_sql(f"ALTER TABLE {TABLE} ALTER COLUMN {column} SET STATISTICS 0")
 
 
+#: Every column of an index expression in the memory schema (the HNSW indexes, partitions' included):
+#: ANALYZE samples them like table columns, so statistics are switched off on each.
+EXPRESSION_COLUMNS = f"""SELECT CAST(CAST(ic.oid AS regclass) AS text) AS rel, ic.relname AS name,
+    a.attnum, a.attname, i.indrelid
+  FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid
+  JOIN pg_attribute a ON a.attrelid = i.indexrelid AND a.attnum > 0
+  WHERE ic.relnamespace = CAST('{SCHEMA}' AS regnamespace) AND i.indexprs IS NOT NULL"""
+
+
+def statistics_off(conn: Connection) -> None:
+    """``SET STATISTICS 0`` on every index expression of the memory schema (idempotent)."""
+    for row in conn.execute(sa.text(EXPRESSION_COLUMNS)).all():
+        conn.exec_driver_sql(f"ALTER INDEX {row.rel} ALTER COLUMN {int(row.attnum)} SET STATISTICS 0")
+
+
+def clear_statistics(conn: Connection, partition: str | None = None) -> None:
+    """Delete what pg_statistic sampled of index expressions (of one partition's indexes, or all).
+
+    Statistics are off on them, so only a database analyzed before that holds
+    such rows; ``pg_clear_attribute_stats`` (PostgreSQL 18) removes them.
+    """
+    if conn.execute(sa.text("SELECT to_regproc('pg_clear_attribute_stats')")).scalar() is None:
+        return  # PostgreSQL < 18: nothing to call (docs/privacy.md says so)
+    sql = EXPRESSION_COLUMNS
+    params: dict[str, object] = {}
+    if partition is not None:
+        sql += " AND i.indrelid = CAST(:part AS regclass)"
+        params["part"] = partition
+    for row in conn.execute(sa.text(sql), params).all():
+        for inherited in (False, True):
+            conn.execute(
+                sa.text("SELECT pg_clear_attribute_stats(:s, :r, :a, :i)"),
+                {"s": SCHEMA, "r": row.name, "a": row.attname, "i": inherited},
+            )
+
+
+def _no_expression_statistics(conn: Connection) -> None:
+    statistics_off(conn)
+    clear_statistics(conn)
+
+
 MIGRATIONS = [
     Migration(1, "memories, partitioned by owner, with row-level security", _create),
     Migration(2, "deduplication by identity, and a write order that breaks ranking ties", _dedupe_and_order),
+    Migration(3, "no statistics on index expressions (embeddings)", _no_expression_statistics),
 ]
 
 

@@ -8,7 +8,9 @@
   so a small owner in a big table still gets ``k`` results.
 * Erasure deletes the rows, then ``VACUUM FULL`` rewrites the owner's partition:
   heap, TOAST and every index are written anew, so no freed page still holds
-  the deleted bytes (a plain ``VACUUM`` only marks them free).
+  the deleted bytes (a plain ``VACUUM`` only marks them free). Statistics are
+  off on every column and index expression that holds memory content, and
+  erasure clears whatever pg_statistic sampled of the partition's indexes.
 * One round trip per call: a search's transaction (its owner setting and search
   settings, the query, the commit) goes out in one psycopg pipeline, and vectors
   travel in pgvector's binary format, not as text.
@@ -132,6 +134,7 @@ class PgVectorMemoryStore(base.MemoryStore):
             if exists is None:
                 self.db.dialect.lock(conn, f"statekeep-memory-index-{model}")
                 conn.exec_driver_sql(ddl)
+                q.statistics_off(conn)  # the new index's expression: never sampled into pg_statistic
         self._indexed.add((model, dimension))
 
     def _driver(self, conn: Connection) -> psycopg.Connection[Any]:
@@ -342,9 +345,13 @@ class PgVectorMemoryStore(base.MemoryStore):
                 {"owner": owner, "ids": ids or []},
             )
             removed = [r.id for r in deleted]
+            q.clear_statistics(conn, partition)
         self._rewrite([partition], owner)
         self._big.pop(owner, None)
-        locations = [f"{partition}: heap, TOAST and every index rewritten (VACUUM FULL)"]
+        locations = [
+            f"{partition}: heap, TOAST and every index rewritten (VACUUM FULL)",
+            f"{partition}: no pg_statistic row of its index expressions",
+        ]
         return removed, locations, list(NOT_REACHED)
 
     def _rewrite(self, partitions: list[str], owner: str) -> None:

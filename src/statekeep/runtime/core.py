@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from statekeep._numbers import MAX_INT, check_int, check_seconds
 from statekeep.config import Settings
@@ -24,11 +24,23 @@ from statekeep.runtime.fork import copy_session, copy_states
 from statekeep.runtime.scope import Invocation, check_turns, current_scope, invocation
 from statekeep.runtime.steps import PARK, AgentSteps
 from statekeep.runtime.usage import Usage, run_usage
-from statekeep.workflow import Engine, Registry, Run, RunContext, RunStatus, Worker, Workflow
+from statekeep.workflow import (
+    Engine,
+    Registry,
+    Run,
+    RunContext,
+    RunStatus,
+    SQLWorkflowStore,
+    Worker,
+    Workflow,
+)
 from statekeep.workflow.base import MAX_SEQ
 from statekeep.working import SQLWorkingStateStore, WorkingStateStore
 
 if TYPE_CHECKING:
+    from statekeep.audit import AuditLog
+    from statekeep.erasure import ErasureReceipt
+    from statekeep.keys import KeyRing
     from statekeep.memory import Embedder, Memory, MemoryKind, MemoryStore, SourceKind
 
 
@@ -53,6 +65,10 @@ class Runtime:
     claims it for that owner before anything is written, and a session of
     another owner is refused with :class:`~statekeep.errors.SessionOwnerError`
     (no run, no event, no state is written, and the model is not called).
+
+    Payloads are sealed at rest with per-owner data keys (``keys``, from the
+    settings' key provider), and :meth:`erase_owner` removes an owner from every
+    store at once; see docs/privacy.md.
     """
 
     def __init__(
@@ -64,9 +80,12 @@ class Runtime:
         memory: Callable[[], MemoryStore],
         model: AnyModel,
         retry_wait: float = 60.0,
+        keys: KeyRing | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
         self.engine, self.context, self.working, self.model = engine, context, working, model
         self.retry_wait = check_seconds(retry_wait, "retry_wait")
+        self.keys, self.audit = keys, audit
         self._open_memory = memory
         self._memory: MemoryStore | None = None
         self.steps = AgentSteps(context, model, lambda: self.memory, claim=self._claim_session)
@@ -108,26 +127,39 @@ class Runtime:
                 raise InvalidInputError(f"must be an Embedder, not {kind}", field="embedder")
         settings = Settings.load() if settings is None else settings
         settings.check()
+        from statekeep.audit import AuditLog
+        from statekeep.keys import open_key_ring
+
         dbs: dict[str, Database] = {}
 
         def db(store: str) -> Database:
             url = settings.url_for(store)
             return dbs.setdefault(url, Database(url, setting=f"STATEKEEP_{store.upper()}_URL"))
 
-        working = SQLWorkingStateStore(db("working"))
-        engine = Engine(db("workflow"), Registry(), state_store=working, lease=lease)
+        keys = open_key_ring(settings, db("workflow"))  # keys live with the workflow store
+        working = SQLWorkingStateStore(db("working"), keys=keys)
+        workflow = SQLWorkflowStore(db("workflow"), keys=keys)
+        engine = Engine(workflow, Registry(), state_store=working, lease=lease)
 
         def memory() -> MemoryStore:
             from statekeep.memory import open_memory_store
 
             return open_memory_store(settings.memory_url, embedder)
 
-        context = SQLContextStore(db("context"))
+        context = SQLContextStore(db("context"), keys=keys)
         # load the tokenizer now: loading it holds the GIL for a few hundred ms, which in the
         # middle of an arun would stall the caller's event loop from the worker thread
         context.counter.count("")
+        audit = AuditLog(db("workflow"))
         return cls(
-            engine=engine, context=context, working=working, memory=memory, model=model, retry_wait=retry_wait
+            engine=engine,
+            context=context,
+            working=working,
+            memory=memory,
+            model=model,
+            retry_wait=retry_wait,
+            keys=keys,
+            audit=audit,
         )
 
     @classmethod
@@ -169,7 +201,8 @@ class Runtime:
             return self.steps.run(ctx, agent, AgentState(owner=owner, session_id=session_id, task=task))
 
         name = f"agent.{agent.name}"
-        workflow = self.engine.registry.workflow(name, version=agent.version, state=AgentState)(loop)
+        registry = self.engine.registry
+        workflow = registry.workflow(name, version=agent.version, state=AgentState, owner="owner")(loop)
         self._agents[(agent.name, agent.version)] = (agent, workflow)
         return workflow
 
@@ -508,6 +541,44 @@ class Runtime:
             self._first_owners = owners
         return self._first_owners.get(session_id)
 
+    # --- erasure ----------------------------------------------------------------------------
+
+    def erase_owner(
+        self,
+        owner: str,
+        *,
+        cancel_live: bool = False,
+        actor: str | None = None,
+        via: Literal["cli", "webhook", "api"] = "api",
+    ) -> ErasureReceipt:
+        """Erase everything of ``owner`` from every store, with one receipt (see :mod:`statekeep.erasure`).
+
+        Context sessions and their events and summaries, working-state versions,
+        runs with their journal, ledger, approvals and events, memories, and last
+        the owner's data keys. Live runs are refused with
+        :class:`~statekeep.errors.LiveRunsError` unless ``cancel_live``. The
+        erasure is recorded in the audit log (``actor``, default ``"runtime"``)
+        with the owner's id and the counts only.
+
+        Raises:
+            LiveRunsError: the owner has live runs and ``cancel_live`` is False; nothing was erased.
+            ErasureError: rows were deleted but a file could not be rewritten; erase again.
+        """
+        from statekeep.erasure import erase_owner
+
+        receipt = erase_owner(
+            owner,
+            context=self.context,
+            working=self.working,
+            workflow=self.engine.store,
+            memory=self.memory,
+            keys=self.keys,
+            cancel_live=cancel_live,
+        )
+        if self.audit is not None:
+            self.audit.record(actor or "runtime", "erase", owner, via=via, detail=receipt.counts())
+        return receipt
+
     # --- memory -----------------------------------------------------------------------------
 
     @property
@@ -556,6 +627,9 @@ class Runtime:
             self._memory = None
         for store in (self.engine.store, self.context, self.working):
             store.close()  # stores that share a database each release it; a second dispose is a no-op
+        for extra in (self.keys, self.audit):
+            if extra is not None:
+                extra.db.dispose()
 
     def __enter__(self) -> Runtime:
         return self

@@ -61,7 +61,8 @@ def copy_states(states: WorkingStateStore, source: str, target: str, upto: int, 
             state = states.load(source, AgentState, version=version)
         except StateNotFoundError:
             state = states.load(source, AgentState, version=upto)
-        states.save(target, state.model_copy(update={"session_id": session_id}), expected_version=version - 1)
+        copied = state.model_copy(update={"session_id": session_id})
+        states.save(target, copied, expected_version=version - 1, owner=state.owner)  # sealed as the source
 
 
 def _renamed(key: str | None, rename: tuple[str, str]) -> str | None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import HTTPException
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from statekeep import _inspect, tracing
+from statekeep.audit import Action, AuditLog
+from statekeep.db import Database
 from statekeep.errors import InvalidInputError, NotFoundError
 from statekeep.web.access import Access, Grant
 from statekeep.web.stores import Stores
@@ -179,6 +181,7 @@ class Api:
     def __init__(self, stores: Stores, access: Access) -> None:
         self.stores, self.access = stores, access
         self.store = stores.workflow
+        self._log: AuditLog | Literal[False] | None = None  # opened on the first record
 
     # --- scope ------------------------------------------------------------------------------
 
@@ -348,6 +351,15 @@ class Api:
             )
         return self._approval_out(approval, cache)
 
+    def _audit(
+        self, grant: Grant, action: Action, target: str, detail: dict[str, int | str | bool | None] | None
+    ) -> None:
+        """Record who did what through the webhook or the console (never the content)."""
+        if self._log is None:
+            self._log = _audit_log(self.store) or False
+        if self._log:
+            self._log.record(grant.identity, action, target, via="webhook", detail=detail)
+
     def decide(self, grant: Grant, approval_id: str, decision: Decision, *, via: str) -> ApprovalOut:
         """Record the grant's person's decision, once (403 out of scope, 409 decided, 410 expired)."""
         self.approval(grant, approval_id)
@@ -359,6 +371,7 @@ class Api:
             result=decision.result,
         )
         tracing.approval_decided(decided, self.store.find(decided.run_id), via=via)
+        self._audit(grant, "approve" if decision.approve else "reject", approval_id, {"run": decided.run_id})
         return self._approval_out(decided, {})
 
     # --- memory -------------------------------------------------------------------------------
@@ -382,6 +395,7 @@ class Api:
         store = self.stores.memory()
         if store is None:
             return json.dumps({"owner": owner, "count": 0, "memories": []}, indent=2)
+        self._audit(grant, "export", owner, None)
         return store.export(owner)
 
     def erase(
@@ -395,10 +409,17 @@ class Api:
             )
         with self.stores.memory_writer() as store:
             receipt = store.forget_one(owner, memory_id) if memory_id else store.forget(owner)
+        self._audit(grant, "forget_memories", owner, {"removed": receipt.removed})
         tracing.worker_log.info(
             "memories erased", extra={"status": f"{receipt.removed} removed", "worker": grant.identity}
         )
         return receipt.as_dict()
+
+
+def _audit_log(store: Any) -> AuditLog | None:
+    """The audit log beside a SQL workflow store (another backend keeps none here)."""
+    db = getattr(store, "db", None)
+    return AuditLog(db) if isinstance(db, Database) else None
 
 
 def _memory_out(memory: Any, score: float | None) -> MemoryOut:

@@ -41,12 +41,15 @@ class Stores:
             ConfigError: the workflow database is missing, unreachable or not a statekeep database.
         """
         from statekeep._inspect import find_sql, open_sql
+        from statekeep.keys import open_key_ring
         from statekeep.workflow import SQLWorkflowStore
         from statekeep.working import SQLWorkingStateStore
 
-        workflow = SQLWorkflowStore(open_sql(settings, "workflow"))
+        workflow_db = open_sql(settings, "workflow")
+        keys = open_key_ring(settings, workflow_db)  # payloads are sealed with their owner's key
+        workflow = SQLWorkflowStore(workflow_db, keys=keys)
         working_db = find_sql(settings, "working")
-        working = None if working_db is None else SQLWorkingStateStore(working_db)
+        working = None if working_db is None else SQLWorkingStateStore(working_db, keys=keys)
         return cls(workflow, working, settings, embedder)
 
     @property

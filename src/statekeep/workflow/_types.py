@@ -68,6 +68,9 @@ class Run:
         waiting: What a waiting run waits for (a due time, an event, an approval, a child).
         trace_context: The W3C trace context (JSON) every attempt of the run continues, if
             the run was recorded with tracing on.
+        owner: Whose data the run holds (from the workflow's ``owner`` parameter, or
+            its parent's); erasure of that owner deletes the run. None for a run of
+            no one. Not the worker that holds the lease (``lease_owner``).
     """
 
     run_id: str
@@ -88,6 +91,7 @@ class Run:
     last_seq: int
     waiting: dict[str, Any] | None
     trace_context: str | None = None
+    owner: str | None = None
 
 
 #: What a journal entry records: a step function, a tool call, a sleep, an event wait, a child run.

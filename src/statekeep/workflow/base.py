@@ -132,7 +132,7 @@ class RunWrite(ABC):
         store overrides this to write both in this transaction.
         """
         state, _ = staged
-        return states.save(self.run.run_id, state).version
+        return states.save(self.run.run_id, state, owner=self.run.owner).version
 
     @abstractmethod
     def replace_journal(self, journal: list[StepRecord], version: int) -> None:
@@ -444,6 +444,20 @@ class WorkflowStore(ABC):
     @abstractmethod
     def delete_runs(self, run_ids: list[str]) -> int:
         """Delete these finished runs with their journal, ledger, approvals and events; live ones are kept."""
+
+    # --- erasure --------------------------------------------------------------------------
+
+    def runs_of(self, owner: str) -> list[Run]:
+        """Every run of ``owner`` (any status, child runs included), oldest first."""
+        raise NotImplementedError(f"{type(self).__name__} cannot find runs by owner")
+
+    def delete_owner(self, owner: str) -> dict[str, int]:
+        """Erasure: delete every finished run of ``owner`` with its journal, ledger, approvals and events.
+
+        Returns the counts removed (``runs``, ``steps``, ``tool_calls``,
+        ``approvals``, ``events``). Live runs are kept (cancel them first).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot erase by owner")
 
     def purge(
         self,

@@ -246,6 +246,9 @@ class Engine:
         except codec.NotJSONError as exc:
             raise InvalidInputError(f"workflow input is not JSON: {exc}", field="input") from exc
         state = workflow.state
+        owner = workflow.owner_of(args, kwargs)
+        if owner is None and parent is not None:
+            owner = parent.owner  # a child run holds its parent's owner's data
         start = tracing.RunStart(workflow.name, run_id)
         opened = self.store.open_run(
             {
@@ -262,6 +265,7 @@ class Engine:
                 else getattr(state, "state_schema", "") or state.__name__,
                 "state_schema_version": None if state is None else getattr(state, "state_version", 1),
                 "trace_context": start.carrier,
+                "owner": owner,
             },
             parent=parent,
         )

@@ -41,11 +41,30 @@ class Workflow(Generic[P, R]):
     fn: Callable[..., Any]
     retry: RetryPolicy
     state: type[pydantic.BaseModel] | None
+    #: the parameter that names the run's owner (whose data it holds), if any
+    owner: str | None = None
 
     @property
     def is_async(self) -> bool:
         """True for an ``async def`` workflow (it receives an :class:`AsyncRunContext`)."""
         return inspect.iscoroutinefunction(self.fn)
+
+    def owner_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """The owner a run started with these arguments belongs to (None without an ``owner`` parameter).
+
+        Raises:
+            InvalidInputError: the owner argument is missing or not a non-empty string.
+        """
+        if self.owner is None:
+            return None
+        try:
+            bound = inspect.signature(self.fn).bind(None, *args, **kwargs)
+        except TypeError as exc:
+            raise InvalidInputError(f"arguments do not fit {self.name!r}: {exc}", field="input") from None
+        value = bound.arguments.get(self.owner)
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidInputError("the owner must be a non-empty string", field=self.owner)
+        return check_id(value, self.owner)
 
 
 @dataclass(frozen=True)
@@ -93,8 +112,10 @@ class Step:
 
 
 class _WorkflowDecorator:
-    def __init__(self, registry: Registry, name: str, version: int, retry: RetryPolicy, state: Any) -> None:
-        self._args = (registry, name, version, retry, state)
+    def __init__(
+        self, registry: Registry, name: str, version: int, retry: RetryPolicy, state: Any, owner: str | None
+    ) -> None:
+        self._args = (registry, name, version, retry, state, owner)
 
     @overload
     def __call__(
@@ -103,8 +124,10 @@ class _WorkflowDecorator:
     @overload
     def __call__(self, fn: Callable[Concatenate[RunContext, P], R]) -> Workflow[P, R]: ...
     def __call__(self, fn: Callable[..., Any]) -> Workflow[Any, Any]:
-        registry, name, version, retry, state = self._args
-        workflow: Workflow[Any, Any] = Workflow(name, version, fn, retry, state)
+        registry, name, version, retry, state, owner = self._args
+        if owner is not None and owner not in inspect.signature(fn).parameters:
+            raise InvalidInputError(f"{fn.__name__}() has no parameter {owner!r}", field="owner")
+        workflow: Workflow[Any, Any] = Workflow(name, version, fn, retry, state, owner)
         registry._add(workflow)
         return workflow
 
@@ -148,10 +171,14 @@ class Registry:
         version: int = 1,
         retry: RetryPolicy | None = None,
         state: type[pydantic.BaseModel] | None = None,
+        owner: str | None = None,
     ) -> _WorkflowDecorator:
         """Register a workflow function (plain or ``async``) under ``name`` and ``version``.
 
         ``retry`` is the default policy of its steps; ``state`` the working-state model it keeps.
+        ``owner`` names the parameter that holds the person whose data a run holds: each
+        run records it (its child runs inherit it), a key ring seals the run's payloads
+        with that owner's data key, and erasing the owner deletes the run.
         """
         _check_name(name)
         check_int(version, "version", minimum=1, maximum=MAX_VERSION)
@@ -159,7 +186,9 @@ class Registry:
             raise InvalidInputError("must be a RetryPolicy or None", field="retry")
         if state is not None and not (isinstance(state, type) and issubclass(state, pydantic.BaseModel)):
             raise InvalidInputError("must be a pydantic model class or None", field="state")
-        return _WorkflowDecorator(self, name, version, retry or RetryPolicy(), state)
+        if owner is not None:
+            check_id(owner, "owner")
+        return _WorkflowDecorator(self, name, version, retry or RetryPolicy(), state, owner)
 
     def tool(self, name: str | None = None, *, reconciler: Reconciler | None = None) -> _ToolDecorator:
         """Register a tool; ``reconciler`` settles its ambiguous calls after a crash."""

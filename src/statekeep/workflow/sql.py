@@ -5,6 +5,11 @@ bumps the run row only if the worker's lease epoch is still current: a worker
 whose lease was taken over can read, but never advance the run. Events sent to
 a live run that is not (yet) waiting for them are kept in its mailbox until it
 waits; events to a finished or unknown run are refused.
+
+With a key ring (``keys=``), the payloads of a run that has an owner (its input,
+output and error, step outputs, tool arguments and results, approval arguments,
+comments and results, event payloads) are sealed with the owner's data key;
+every read opens them, so callers see plain values.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from statekeep.errors import (
     RunFinishedError,
     RunNotFoundError,
 )
+from statekeep.keys import KeyRing
 from statekeep.workflow import codec
 from statekeep.workflow._types import FINISHED, Approval, LedgerEntry, Run, RunPage, RunStatus, StepRecord
 from statekeep.workflow.base import (
@@ -48,6 +54,7 @@ from statekeep.workflow.sql_tx import (
     finish_values,
     ledger_entry,
     run_record,
+    seal,
     step_record,
     wake,
     withdraw_approvals,
@@ -63,7 +70,8 @@ class SQLWorkflowStore(WorkflowStore):
     """The workflow store in SQLite or PostgreSQL.
 
     Construct it from a :class:`~statekeep.db.Database` (to share transactions with
-    the working-state store) or a URL.
+    the working-state store) or a URL. ``keys`` (a :class:`~statekeep.keys.KeyRing`)
+    seals the payloads of owned runs.
 
     Examples:
         >>> store = SQLWorkflowStore("sqlite:///:memory:")
@@ -71,9 +79,19 @@ class SQLWorkflowStore(WorkflowStore):
         True
     """
 
-    def __init__(self, db: Database | str) -> None:
+    def __init__(self, db: Database | str, *, keys: KeyRing | None = None) -> None:
         self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_WORKFLOW_URL")
+        self.keys = keys
         setup(self.db)
+
+    def _prepare(self, owner: str | None) -> None:
+        """Make sure the owner's data key exists before a write transaction (creating it takes its own)."""
+        if self.keys is not None and owner is not None and not self.keys.ready(owner):
+            self.keys.prepare(owner)
+
+    def _owner(self, run_id: str) -> str | None:
+        with self.db.read() as conn:
+            return conn.execute(sa.select(runs.c.owner).where(runs.c.run_id == run_id)).scalar()
 
     def close(self) -> None:
         self.db.dispose()
@@ -82,12 +100,15 @@ class SQLWorkflowStore(WorkflowStore):
 
     def open_run(self, run: dict[str, Any], *, parent: Run | None = None) -> Run:
         stamp = now()
+        owner = run.get("owner")
+        self._prepare(owner)
         row = {**run, "created_at": stamp, "updated_at": stamp, "epoch": 0, "last_seq": 0}
+        row["input"] = seal(self.keys, owner, run["input"])
         with self.db.begin() as conn:
             if parent is not None:
                 fence(conn, parent.run_id, parent.epoch)
             conn.execute(self.db.dialect.insert(runs).values(row).on_conflict_do_nothing())
-            stored = _get(conn, run["run_id"])
+            stored = _get(conn, run["run_id"], self.keys)
         if stored.workflow != run["workflow"]:
             raise RunConflictError(
                 stored.run_id, f"belongs to workflow {stored.workflow!r}, not {run['workflow']!r}"
@@ -100,7 +121,7 @@ class SQLWorkflowStore(WorkflowStore):
         check_run_id(run_id)
         with self.db.read() as conn:
             row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).mappings().first()
-        return None if row is None else run_record(row)
+        return None if row is None else run_record(row, self.keys)
 
     def list_runs(
         self,
@@ -122,7 +143,7 @@ class SQLWorkflowStore(WorkflowStore):
         if parent_id is not None:
             q = q.where(runs.c.parent_id == check_id(parent_id, "parent_id"))
         with self.db.read() as conn:
-            return [run_record(r) for r in conn.execute(q).mappings()]
+            return [run_record(r, self.keys) for r in conn.execute(q).mappings()]
 
     def search_runs(
         self,
@@ -153,7 +174,7 @@ class SQLWorkflowStore(WorkflowStore):
         page = page.order_by(runs.c.created_at.desc(), runs.c.run_id.desc()).limit(limit).offset(offset)
         with self.db.read() as conn:
             counts = {str(s): int(n) for s, n in conn.execute(counted)}
-            found = [run_record(r) for r in conn.execute(page).mappings()]
+            found = [run_record(r, self.keys) for r in conn.execute(page).mappings()]
         total = sum(n for s, n in counts.items() if wanted is None or s in wanted)
         return RunPage(found, total, offset, limit, counts)
 
@@ -165,7 +186,7 @@ class SQLWorkflowStore(WorkflowStore):
     def cancel(self, run_id: str) -> Run:
         check_run_id(run_id)
         with self.db.begin() as conn:
-            run = _get(conn, run_id)
+            run = _get(conn, run_id, self.keys)
             if run.status.finished:
                 raise RunFinishedError(run_id, run.status, "cancel it")
             conn.execute(
@@ -174,13 +195,15 @@ class SQLWorkflowStore(WorkflowStore):
                 .values({**finish_values(RunStatus.CANCELLED, None, "cancelled"), "epoch": runs.c.epoch + 1})
             )
             withdraw_approvals(conn, run_id)
-            return _get(conn, run_id)
+            return _get(conn, run_id, self.keys)
 
     def retry(self, run_id: str) -> Run:
         check_run_id(run_id)
         stamp = now()
+        owner = self._owner(run_id) if self.keys is not None else None
+        self._prepare(owner)
         with self.db.begin() as conn:
-            error = _get(conn, run_id).error
+            error = _get(conn, run_id, self.keys).error
             reopen = (
                 runs.update()
                 .where(runs.c.run_id == run_id, runs.c.status == RunStatus.FAILED.value)
@@ -199,12 +222,13 @@ class SQLWorkflowStore(WorkflowStore):
                 )
             )
             if conn.execute(reopen).rowcount != 1:
-                status = _get(conn, run_id).status.value
+                status = _get(conn, run_id, self.keys).status.value
                 raise InvalidInputError(
                     f"run {run_id!r} is {status}: only a failed run is retried", field="run_id"
                 )
-            run = _get(conn, run_id)
-            _note(conn, run_id, "statekeep.retried", {"error": error, "after_seq": run.last_seq})
+            run = _get(conn, run_id, self.keys)
+            note = {"error": error, "after_seq": run.last_seq}
+            _note(conn, run_id, "statekeep.retried", note, self.keys, owner)
         return run
 
     def fork(self, run_id: str, at_seq: int, run: dict[str, Any]) -> Run:
@@ -212,8 +236,10 @@ class SQLWorkflowStore(WorkflowStore):
         new_id = check_run_id(run["run_id"])
         check_int(at_seq, "at_seq", maximum=MAX_SEQ)
         stamp = now()
+        owner = self._owner(run_id)
+        self._prepare(owner)
         with self.db.begin() as conn:
-            source = _get(conn, run_id)
+            source = _get(conn, run_id, self.keys)
             if at_seq > source.last_seq:
                 raise InvalidInputError(
                     f"run {run_id!r} has {source.last_seq} completed steps: cannot fork at step {at_seq}",
@@ -223,14 +249,16 @@ class SQLWorkflowStore(WorkflowStore):
                 sa.select(runs.c.state_schema, runs.c.state_schema_version).where(runs.c.run_id == run_id)
             ).one()
             q = sa.select(steps).where(steps.c.run_id == run_id, steps.c.seq <= at_seq).order_by(steps.c.seq)
-            journal = [step_record(r) for r in conn.execute(q).mappings()]
+            raw = conn.execute(q).mappings().all()  # copied as stored: the fork has the same owner
+            journal = [step_record(r, self.keys) for r in raw]
             row = {
                 "run_id": new_id,
                 "workflow": source.workflow,
                 "version": source.version,
-                "input": run["input"],
+                "input": seal(self.keys, source.owner, run["input"]),
                 "input_hash": run["input_hash"],
                 "status": RunStatus.PENDING.value,
+                "owner": source.owner,
                 "runnable_at": stamp,
                 "created_at": stamp,
                 "updated_at": stamp,
@@ -243,13 +271,12 @@ class SQLWorkflowStore(WorkflowStore):
             }
             insert = self.db.dialect.insert(runs).values(row).on_conflict_do_nothing()
             if conn.execute(insert.returning(runs.c.run_id)).first() is None:  # the id is taken
-                existing = _get(conn, new_id)
+                existing = _get(conn, new_id, self.keys)
                 if existing.workflow == source.workflow and codec.digest(existing.input) == run["input_hash"]:
                     return existing
                 raise RunConflictError(new_id, "is taken by another run")
-            for step in journal:
-                values = {k: getattr(step, k) for k in StepRecord.__slots__}
-                conn.execute(steps.insert().values({**values, "run_id": new_id}))
+            for stored in raw:
+                conn.execute(steps.insert().values({**stored, "run_id": new_id}))
             calls = sa.select(tool_calls).where(
                 tool_calls.c.run_id == run_id, tool_calls.c.seq <= at_seq, tool_calls.c.status == "completed"
             )
@@ -257,8 +284,8 @@ class SQLWorkflowStore(WorkflowStore):
                 key = str(call["key"])
                 renamed = new_id + key[len(run_id) :] if key.startswith(f"{run_id}/") else f"{new_id}/{key}"
                 conn.execute(tool_calls.insert().values({**call, "run_id": new_id, "key": renamed}))
-            _note(conn, run_id, "statekeep.forked", {"run_id": new_id, "at_seq": at_seq})
-            return _get(conn, new_id)
+            _note(conn, run_id, "statekeep.forked", {"run_id": new_id, "at_seq": at_seq}, self.keys, owner)
+            return _get(conn, new_id, self.keys)
 
     # --- leases ---------------------------------------------------------------------------
 
@@ -279,7 +306,7 @@ class SQLWorkflowStore(WorkflowStore):
             if parent is not None:
                 fence(conn, parent.run_id, parent.epoch)  # first: it locks the parent row
             taken = conn.execute(take.values(values)).rowcount == 1
-            run = _get(conn, run_id)
+            run = _get(conn, run_id, self.keys)
         return run if taken or run.status.finished else None
 
     def claim(self, owner: str, lease: float, limit: int, workflows: Iterable[tuple[str, int]]) -> list[Run]:
@@ -308,7 +335,7 @@ class SQLWorkflowStore(WorkflowStore):
                 .values({**_lease_values(owner, lease, stamp), "lease_parent_epoch": None})
             )
             rows = conn.execute(sa.select(runs).where(runs.c.run_id.in_(ids))).mappings()
-            return [run_record(r) for r in rows]
+            return [run_record(r, self.keys) for r in rows]
 
     def heartbeat(self, run_id: str, epoch: int, lease: float) -> bool:
         with self.db.begin() as conn:
@@ -321,9 +348,10 @@ class SQLWorkflowStore(WorkflowStore):
 
     @contextmanager
     def fenced(self, run: Run) -> Iterator[SQLRunWrite]:
+        self._prepare(run.owner)
         with self.db.begin() as conn:
             fence(conn, run.run_id, run.epoch)
-            yield SQLRunWrite(run, conn, self.db)
+            yield SQLRunWrite(run, conn, self.db, self.keys)
 
     # --- journal and ledger ---------------------------------------------------------------
 
@@ -338,13 +366,13 @@ class SQLWorkflowStore(WorkflowStore):
             .order_by(steps.c.seq)
         )
         with self.db.read() as conn:
-            return [step_record(r) for r in conn.execute(q).mappings()]
+            return [step_record(r, self.keys) for r in conn.execute(q).mappings()]
 
     def tool_calls(self, run_id: str) -> list[LedgerEntry]:
         check_run_id(run_id)
         q = sa.select(tool_calls).where(tool_calls.c.run_id == run_id).order_by(tool_calls.c.seq)
         with self.db.read() as conn:
-            return [ledger_entry(r) for r in conn.execute(q).mappings()]
+            return [ledger_entry(r, self.keys) for r in conn.execute(q).mappings()]
 
     def tool_call(self, run_id: str, seq: int) -> LedgerEntry | None:
         check_run_id(run_id)
@@ -352,7 +380,7 @@ class SQLWorkflowStore(WorkflowStore):
         q = sa.select(tool_calls).where(tool_calls.c.run_id == run_id, tool_calls.c.seq == seq)
         with self.db.read() as conn:
             row = conn.execute(q).mappings().first()
-        return None if row is None else ledger_entry(row)
+        return None if row is None else ledger_entry(row, self.keys)
 
     # --- approvals and events -------------------------------------------------------------
 
@@ -379,7 +407,7 @@ class SQLWorkflowStore(WorkflowStore):
             if value is not None:
                 q = q.where(approvals.c[column] == check_id(value, column))
         with self.db.read() as conn:
-            return [approval_record(r) for r in conn.execute(q).mappings()]
+            return [approval_record(r, self.keys) for r in conn.execute(q).mappings()]
 
     def approval(self, approval_id: str) -> Approval:
         """One approval by id.
@@ -390,7 +418,7 @@ class SQLWorkflowStore(WorkflowStore):
         """
         check_id(approval_id, "approval_id")
         with self.db.read() as conn:
-            return _approval(conn, approval_id)
+            return _approval(conn, approval_id, self.keys)
 
     def approval_at(self, run_id: str, seq: int, kind: str) -> Approval | None:
         q = sa.select(approvals).where(
@@ -398,7 +426,7 @@ class SQLWorkflowStore(WorkflowStore):
         )
         with self.db.read() as conn:
             row = conn.execute(q.order_by(approvals.c.created_at.desc())).mappings().first()
-        return None if row is None else approval_record(row)
+        return None if row is None else approval_record(row, self.keys)
 
     def decide(
         self, approval_id: str, *, approve: bool, by: str, comment: str | None = None, result: Any = None
@@ -417,13 +445,16 @@ class SQLWorkflowStore(WorkflowStore):
                 expired and fails closed.
         """
         encoded = _check_decision(approval_id, approve, by, comment, result)
+        owner = self._approval_owner(approval_id) if self.keys is not None else None
+        self._prepare(owner)
         with self.db.begin() as conn:
-            current = _approval(conn, approval_id)
+            current = _approval(conn, approval_id, self.keys)
             expired = current.expires_at is not None and current.expires_at <= now()
             status = "expired" if expired else ("approved" if approve else "rejected")
             values: dict[str, Any] = {"status": status, "decided_at": now()}
             if not expired:
-                values.update(decided_by=by, comment=comment, result=encoded)
+                sealed_comment = None if comment is None else seal(self.keys, owner, comment)
+                values.update(decided_by=by, comment=sealed_comment, result=seal(self.keys, owner, encoded))
             q = approvals.update().where(
                 approvals.c.approval_id == approval_id, approvals.c.status == "pending"
             )
@@ -432,10 +463,15 @@ class SQLWorkflowStore(WorkflowStore):
                     raise ApprovalExpiredError(approval_id, current.action, "expired before a decision")
                 raise ApprovalDecidedError(approval_id, current.status)
             wake(conn, current.run_id, _WAITS_ON_PERSON)
-            decided = _approval(conn, approval_id)
+            decided = _approval(conn, approval_id, self.keys)
         if expired:
             raise ApprovalExpiredError(approval_id, current.action, "expired before a decision")
         return decided
+
+    def _approval_owner(self, approval_id: str) -> str | None:
+        q = sa.select(runs.c.owner).join(approvals, approvals.c.run_id == runs.c.run_id)
+        with self.db.read() as conn:
+            return conn.execute(q.where(approvals.c.approval_id == approval_id)).scalar()
 
     def send_event(self, run_id: str, name: str, payload: Any = None) -> None:
         """Deliver a named event to a run: woken if it waits for it, kept until it does otherwise.
@@ -451,6 +487,9 @@ class SQLWorkflowStore(WorkflowStore):
             text = codec.to_json(payload)
         except codec.NotJSONError as exc:
             raise InvalidInputError(str(exc), field="payload") from exc
+        owner = self._owner(run_id) if self.keys is not None else None
+        self._prepare(owner)
+        text = seal(self.keys, owner, text)
         with self.db.begin() as conn:
             # lock the run row first, so a run suspending right now sees the event or is woken
             row = conn.execute(
@@ -501,26 +540,45 @@ class SQLWorkflowStore(WorkflowStore):
                 deleted += len(chunk)
         return deleted
 
+    # --- erasure --------------------------------------------------------------------------
 
-def _get(conn: Connection, run_id: str) -> Run:
+    def runs_of(self, owner: str) -> list[Run]:
+        check_id(owner, "owner")
+        q = sa.select(runs).where(runs.c.owner == owner).order_by(runs.c.created_at, runs.c.run_id)
+        with self.db.read() as conn:
+            return [run_record(r, self.keys) for r in conn.execute(q).mappings()]
+
+    def delete_owner(self, owner: str) -> dict[str, int]:
+        check_id(owner, "owner")
+        finished = [s.value for s in FINISHED]
+        counts = dict.fromkeys(("runs", "steps", "tool_calls", "approvals", "events"), 0)
+        q = sa.select(runs.c.run_id).where(runs.c.owner == owner, runs.c.status.in_(finished))
+        with self.db.begin(f"erasing the runs of {owner!r}") as conn:
+            ids = list(conn.execute(q).scalars())
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                for name, table in (
+                    ("steps", steps),
+                    ("tool_calls", tool_calls),
+                    ("approvals", approvals),
+                    ("events", events),
+                    ("runs", runs),
+                ):
+                    gone = conn.execute(table.delete().where(table.c.run_id.in_(chunk)))
+                    counts[name] += int(gone.rowcount)
+        return counts
+
+
+def _get(conn: Connection, run_id: str, keys: KeyRing | None) -> Run:
     row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).mappings().first()
     if row is None:
         raise RunNotFoundError(run_id)
-    return run_record(row)
+    return run_record(row, keys)
 
 
 def _owned_by(owner: str) -> sa.ColumnElement[bool]:
-    """Agent runs of ``owner``: their stored input starts with ``{"args":["<owner>",``.
-
-    The input is the canonical JSON of ``{"args": [owner, session_id, task], "kwargs": {}}``
-    (ASCII, no spaces; see :func:`~statekeep.workflow.base.run_owner`): an exact prefix
-    comparison, with no pattern characters to escape.
-    """
-    prefix = '{"args":[' + json.dumps(owner) + ","
-    return sa.and_(
-        runs.c.workflow.startswith("agent.", autoescape=True),
-        sa.func.substr(runs.c.input, 1, len(prefix)) == prefix,
-    )
+    """Runs of ``owner``, by the owner each run records (migration 5 filled it in for older runs)."""
+    return runs.c.owner == owner
 
 
 def _contains(text: str) -> sa.ColumnElement[bool]:
@@ -533,12 +591,13 @@ def _contains(text: str) -> sa.ColumnElement[bool]:
     return sa.or_(*clauses)
 
 
-def _note(conn: Connection, run_id: str, name: str, payload: dict[str, Any]) -> None:
+def _note(
+    conn: Connection, run_id: str, name: str, payload: dict[str, Any], keys: KeyRing | None, owner: str | None
+) -> None:
     """Record something that happened to a run as an event no wait consumes (``consumed_seq`` 0)."""
+    text = seal(keys, owner, codec.to_json(payload))  # a retry's note holds the error: sealed like it
     conn.execute(
-        events.insert().values(
-            run_id=run_id, name=name, payload=codec.to_json(payload), created_at=now(), consumed_seq=0
-        )
+        events.insert().values(run_id=run_id, name=name, payload=text, created_at=now(), consumed_seq=0)
     )
 
 
@@ -550,11 +609,11 @@ def _last_set(values: Iterable[int | None]) -> int | None:
     return found
 
 
-def _approval(conn: Connection, approval_id: str) -> Approval:
+def _approval(conn: Connection, approval_id: str, keys: KeyRing | None) -> Approval:
     row = conn.execute(sa.select(approvals).where(approvals.c.approval_id == approval_id)).mappings().first()
     if row is None:
         raise ApprovalNotFoundError(approval_id)
-    return approval_record(row)
+    return approval_record(row, keys)
 
 
 def _check_decision(approval_id: str, approve: bool, by: str, comment: str | None, result: Any) -> str:

@@ -4,6 +4,10 @@
 and PostgreSQL: one connection inside one transaction that
 :meth:`SQLWorkflowStore.fenced <statekeep.workflow.SQLWorkflowStore.fenced>`
 opened after bumping the run row under the worker's epoch.
+
+With a key ring, payloads are sealed here under the run owner's data key (which
+``fenced`` made sure exists before the transaction began) and opened by the
+row mappers.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from statekeep.db import Database
 from statekeep.db.types import UTCDateTime
-from statekeep.errors import LeaseLostError
+from statekeep.errors import LeaseLostError, SealedDataError
+from statekeep.keys import KeyRing
 from statekeep.workflow import codec
 from statekeep.workflow._types import Approval, LedgerEntry, Run, RunStatus, StepRecord
 from statekeep.workflow.base import RunWrite, StagedState, now
@@ -59,13 +64,16 @@ def fence(conn: Connection, run_id: str, epoch: int) -> None:
 class SQLRunWrite(RunWrite):
     """A fenced transaction of one run over a SQLAlchemy connection."""
 
-    def __init__(self, run: Run, conn: Connection, db: Database) -> None:
+    def __init__(self, run: Run, conn: Connection, db: Database, keys: KeyRing | None = None) -> None:
         super().__init__(run)
-        self.conn, self.db = conn, db
+        self.conn, self.db, self.keys = conn, db, keys
 
     @property
     def _rid(self) -> str:
         return self.run.run_id
+
+    def _seal(self, text: str) -> str:
+        return seal(self.keys, self.run.owner, text)
 
     def record_step(self, step: StepRecord) -> None:
         params = {"rid": step.run_id, "ep": self.run.epoch, "seq": step.seq, "sv": step.state_version}
@@ -75,12 +83,15 @@ class SQLRunWrite(RunWrite):
             != 1
         ):
             raise LeaseLostError(step.run_id, self.run.epoch)
-        self.conn.execute(_INSERT_STEP, {k: getattr(step, k) for k in StepRecord.__slots__})
+        row = {k: getattr(step, k) for k in StepRecord.__slots__}
+        row["output"] = self._seal(step.output)
+        self.conn.execute(_INSERT_STEP, row)
 
     def save_state(self, states: WorkingStateStore, staged: StagedState, latest: int | None) -> int:
         if not (isinstance(states, working_sql.SQLWorkingStateStore) and states.db is self.db):
             return super().save_state(states, staged, latest)
         _, record = staged  # same database: the version commits in this transaction
+        record = states.sealed(record, self.run.owner)
         if latest is None:
             return working_sql.append(self.conn, record, None).version
         return working_sql.append_after(self.conn, record, latest)
@@ -88,7 +99,8 @@ class SQLRunWrite(RunWrite):
     def replace_journal(self, journal: list[StepRecord], version: int) -> None:
         self.conn.execute(steps.delete().where(steps.c.run_id == self._rid))
         for step in journal:
-            self.conn.execute(steps.insert().values({k: getattr(step, k) for k in step.__slots__}))
+            row = {k: getattr(step, k) for k in step.__slots__}
+            self.conn.execute(steps.insert().values({**row, "output": self._seal(step.output)}))
         last = max((s.seq for s in journal), default=0)
         self.conn.execute(
             runs.update().where(runs.c.run_id == self._rid).values(version=version, last_seq=last)
@@ -97,7 +109,13 @@ class SQLRunWrite(RunWrite):
     def start_call(self, seq: int, tool: str, key: str, args: str) -> None:
         self.conn.execute(
             tool_calls.insert().values(
-                run_id=self._rid, seq=seq, tool=tool, key=key, args=args, status="started", started_at=now()
+                run_id=self._rid,
+                seq=seq,
+                tool=tool,
+                key=key,
+                args=self._seal(args),
+                status="started",
+                started_at=now(),
             )
         )
 
@@ -113,10 +131,13 @@ class SQLRunWrite(RunWrite):
         )
 
     def complete_call(self, seq: int, result: str) -> None:
-        self.conn.execute(self._call(seq).values(status="completed", result=result, completed_at=now()))
+        self.conn.execute(
+            self._call(seq).values(status="completed", result=self._seal(result), completed_at=now())
+        )
 
     def open_approval(self, fields: dict[str, Any], expires_at: datetime | None) -> str:
         approval_id = uuid.uuid4().hex
+        fields = {**fields, "args": self._seal(fields["args"])}
         self.conn.execute(
             approvals.insert().values(
                 approval_id=approval_id,
@@ -150,7 +171,7 @@ class SQLRunWrite(RunWrite):
         if row is None:
             return False, None
         self.conn.execute(events.update().where(events.c.id == row.id).values(consumed_seq=seq))
-        return True, codec.loads(row.payload)
+        return True, codec.loads(unseal(self.keys, row.payload))
 
     def suspend(self, status: RunStatus, wake_at: datetime | None, waiting: dict[str, Any]) -> None:
         park(self.conn, self._rid, status, wake_at, json.dumps(waiting))
@@ -159,6 +180,8 @@ class SQLRunWrite(RunWrite):
         return wake(self.conn, self._rid, waiting)
 
     def finish(self, status: RunStatus, output: str | None, error: str | None) -> None:
+        output = None if output is None else self._seal(output)
+        error = None if error is None else self._seal(error)
         self.conn.execute(
             runs.update().where(runs.c.run_id == self._rid).values(finish_values(status, output, error))
         )
@@ -222,23 +245,49 @@ def finish_values(status: RunStatus, output: str | None, error: str | None) -> d
     }
 
 
+# --- sealing -----------------------------------------------------------------------------------
+
+
+def seal(keys: KeyRing | None, owner: str | None, text: str) -> str:
+    """``text`` sealed under ``owner``'s data key; plain without a key ring or an owner.
+
+    Inside a write transaction: the key must exist already (``fenced`` prepared it).
+    """
+    if keys is None or owner is None:
+        return text
+    return keys.seal(owner, text, create=False)
+
+
+def unseal(keys: KeyRing | None, text: str) -> str:
+    """The plain text of a stored payload.
+
+    Raises:
+        SealedDataError: the payload is sealed and this store has no key ring, or its key was shredded.
+    """
+    if keys is not None:
+        return keys.open(text)
+    if text.startswith("sk1:"):
+        raise SealedDataError("-", "this workflow store has no key ring: open it with keys=")
+    return text
+
+
 # --- rows onto records -----------------------------------------------------------------------
 
 
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+def _loads(text: str | None, keys: KeyRing | None = None) -> Any:
+    return None if text is None else json.loads(unseal(keys, text))
 
 
-def run_record(row: RowMapping) -> Run:
-    """Map a ``runs`` row onto a :class:`Run`."""
+def run_record(row: RowMapping, keys: KeyRing | None = None) -> Run:
+    """Map a ``runs`` row onto a :class:`Run` (opening its sealed payloads with ``keys``)."""
     return Run(
         run_id=row["run_id"],
         workflow=row["workflow"],
         version=row["version"],
         status=RunStatus(row["status"]),
-        input=_loads(row["input"]),
-        output=_loads(row["output"]),
-        error=row["error"],
+        input=_loads(row["input"], keys),
+        output=_loads(row["output"], keys),
+        error=None if row["error"] is None else unseal(keys, row["error"]),
         parent_id=row["parent_id"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
@@ -250,17 +299,20 @@ def run_record(row: RowMapping) -> Run:
         last_seq=row["last_seq"],
         waiting=_loads(row["waiting"]),
         trace_context=row.get("trace_context"),
+        owner=row["owner"],
     )
 
 
-def step_record(row: RowMapping) -> StepRecord:
+def step_record(row: RowMapping, keys: KeyRing | None = None) -> StepRecord:
     """Map a ``steps`` row onto a :class:`StepRecord`."""
-    return StepRecord(**{k: row[k] for k in StepRecord.__slots__})
+    values = {k: row[k] for k in StepRecord.__slots__}
+    values["output"] = unseal(keys, values["output"])
+    return StepRecord(**values)
 
 
-def ledger_entry(row: RowMapping) -> LedgerEntry:
+def ledger_entry(row: RowMapping, keys: KeyRing | None = None) -> LedgerEntry:
     """Map a ``tool_calls`` row onto a :class:`LedgerEntry`."""
-    args = json.loads(row["args"])
+    args = json.loads(unseal(keys, row["args"]))
     return LedgerEntry(
         run_id=row["run_id"],
         seq=row["seq"],
@@ -269,15 +321,16 @@ def ledger_entry(row: RowMapping) -> LedgerEntry:
         args=args["args"],
         kwargs=args["kwargs"],
         status=row["status"],
-        result=_loads(row["result"]),
+        result=_loads(row["result"], keys),
         started_at=row["started_at"],
         completed_at=row["completed_at"],
     )
 
 
-def approval_record(row: RowMapping) -> Approval:
-    """Map an ``approvals`` row onto an :class:`Approval`."""
+def approval_record(row: RowMapping, keys: KeyRing | None = None) -> Approval:
+    """Map an ``approvals`` row onto an :class:`Approval` (its arguments opened, for the person deciding)."""
     values = {k: row[k] for k in Approval.__slots__}
-    values["args"] = json.loads(row["args"])
-    values["result"] = _loads(row["result"])
+    values["args"] = json.loads(unseal(keys, row["args"]))
+    values["result"] = _loads(row["result"], keys)
+    values["comment"] = None if row["comment"] is None else unseal(keys, row["comment"])
     return Approval(**values)

@@ -1,6 +1,12 @@
-"""The workflow store's schema: one MetaData, its own SQL schema, numbered migrations."""
+"""The workflow store's schema: one MetaData, its own SQL schema, numbered migrations.
+
+The payload columns (``SEALED``) hold plain JSON, or, in a store opened with a
+key ring, ``sk1:`` tokens sealed with the data key of the run's ``owner``.
+"""
 
 from __future__ import annotations
+
+import json
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -42,6 +48,8 @@ runs = sa.Table(
     sa.Column("waiting", sa.Text),
     # the W3C trace context of the run's first span, so every attempt continues one trace
     sa.Column("trace_context", sa.Text),
+    # whose data the run holds (erasure finds runs by it); NULL for a run of no one
+    sa.Column("owner", sa.String(255), index=True),
 )
 
 steps = sa.Table(
@@ -136,6 +144,46 @@ def _add_trace_context(conn: Connection) -> None:
         conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN trace_context TEXT"))
 
 
+#: Payload columns sealed with the run owner's data key when the store has a key ring.
+SEALED = {
+    "runs": ("input", "output", "error"),
+    "steps": ("output",),
+    "tool_calls": ("args", "result"),
+    "approvals": ("args", "comment", "result"),
+    "events": ("payload",),
+}
+
+
+def _add_run_owner(conn: Connection) -> None:
+    # Tables created since this migration already have the column and its index.
+    schema = _schema(conn)
+    present = {c["name"] for c in sa.inspect(conn).get_columns("runs", schema=schema)}
+    if "owner" not in present:
+        table = "runs" if schema is None else f"{schema}.runs"
+        conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN owner VARCHAR(255)"))
+    for index in runs.indexes:
+        if "owner" in index.columns:
+            index.create(conn, checkfirst=True)
+    # Agent runs were started with (owner, session_id, task): their owner is in their input,
+    # which was stored as plain JSON before runs had owners.
+    legacy = sa.select(runs.c.run_id, runs.c.input).where(
+        runs.c.owner.is_(None), runs.c.workflow.like("agent.%"), runs.c.parent_id.is_(None)
+    )
+    for run_id, text in list(conn.execute(legacy)):
+        try:
+            args = json.loads(text).get("args")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(args, list) and len(args) == 3 and isinstance(args[0], str):
+            conn.execute(runs.update().where(runs.c.run_id == run_id).values(owner=args[0]))
+    # ANALYZE would copy sampled payloads and owner ids into pg_statistic, which erasure does
+    # not rewrite; the planner needs neither.
+    if conn.dialect.name == "postgresql":
+        for table, columns in {**SEALED, "runs": (*SEALED["runs"], "owner")}.items():
+            for column in columns:
+                conn.exec_driver_sql(f"ALTER TABLE {SCHEMA}.{table} ALTER COLUMN {column} SET STATISTICS 0")
+
+
 def _schema(conn: Connection) -> str | None:
     # SQLite has no schemas: the Database maps the store's schema away (see db.engine)
     return SCHEMA if conn.dialect.name == "postgresql" else None
@@ -150,6 +198,7 @@ MIGRATIONS = [
     Migration(2, "drop the approvals index on run_id alone", _drop_approvals_run_id_index),
     Migration(3, "runs.lease_parent_epoch: children taken through their parent", _add_lease_parent_epoch),
     Migration(4, "runs.trace_context: a run's attempts continue one trace", _add_trace_context),
+    Migration(5, "runs.owner: erasure finds an owner's runs; no statistics on payloads", _add_run_owner),
 ]
 
 

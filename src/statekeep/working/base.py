@@ -52,16 +52,28 @@ class WorkingStateStore(ABC):
         """Release connections; the store must not be used afterwards."""
 
     def save(
-        self, run_id: str, state: pydantic.BaseModel, *, expected_version: int | None = None
+        self,
+        run_id: str,
+        state: pydantic.BaseModel,
+        *,
+        expected_version: int | None = None,
+        owner: str | None = None,
     ) -> StateVersion:
         """Store ``state`` as the run's next version and return its record.
+
+        ``owner`` (the run's owner) seals the state with that owner's data key in a
+        store opened with a key ring, so that erasing the owner shreds it.
 
         Raises:
             StateValidationError: the state is invalid; nothing was written.
             VersionConflictError: ``expected_version`` is not the latest; nothing was written.
         """
         record = self.prepare(run_id, state, expected_version=expected_version)
-        return self._append(record, expected_version)
+        return self._append(self._seal(record, owner), expected_version)
+
+    def _seal(self, record: StateVersion, owner: str | None) -> StateVersion:
+        """The record as the backend stores it for ``owner`` (a backend with keys seals the state)."""
+        return record
 
     @staticmethod
     def prepare(

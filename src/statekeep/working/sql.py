@@ -2,6 +2,11 @@
 
 The statement functions take a ``Connection`` so that another store (the
 workflow store) can append a state version inside its own transaction.
+
+With a key ring (``keys=``), the state JSON of a run that has an owner is
+sealed with the owner's data key (:meth:`SQLWorkingStateStore.sealed`); reads
+open it. The working store does not know runs: the owner comes from the caller
+(the workflow engine passes the run's).
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from sqlalchemy.engine import Connection
 from statekeep.db import Database, Migration, upgrade
 from statekeep.db.migrations import create_tables
 from statekeep.db.types import UTCDateTime
-from statekeep.errors import VersionConflictError
+from statekeep.errors import SealedDataError, VersionConflictError
+from statekeep.keys import KeyRing
 from statekeep.working._types import StateVersion
 from statekeep.working.base import WorkingStateStore
 from statekeep.working.schema import StateMigrations
@@ -33,7 +39,17 @@ versions = sa.Table(
     sa.Column("created_at", UTCDateTime, nullable=False),
 )
 
-MIGRATIONS = [Migration(1, "working_versions", create_tables(metadata, "working_versions"))]
+
+def _no_statistics(conn: Connection) -> None:
+    # ANALYZE would copy sampled states into pg_statistic, which erasure does not rewrite
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"ALTER TABLE {SCHEMA}.working_versions ALTER COLUMN state SET STATISTICS 0")
+
+
+MIGRATIONS = [
+    Migration(1, "working_versions", create_tables(metadata, "working_versions")),
+    Migration(2, "no statistics on states (PostgreSQL)", _no_statistics),
+]
 
 
 def setup(db: Database) -> None:
@@ -94,28 +110,57 @@ def _row(record: StateVersion) -> dict[str, object]:
     return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
 
 
-def _record(row: sa.Row[tuple[object, ...]]) -> StateVersion:
-    return StateVersion(**row._mapping)
+def _record(row: sa.Row[tuple[object, ...]], keys: KeyRing | None) -> StateVersion:
+    values = dict(row._mapping)
+    if keys is not None:
+        values["state"] = keys.open(values["state"])
+    elif values["state"].startswith("sk1:"):
+        raise SealedDataError("-", "this working-state store has no key ring: open it with keys=")
+    return StateVersion(**values)
 
 
 class SQLWorkingStateStore(WorkingStateStore):
     """Working state in SQLite or PostgreSQL.
 
+    Args:
+        db: a :class:`~statekeep.db.Database` (shared with the workflow store) or a URL.
+        migrations: how older state schemas load into the current models.
+        keys: seal the states of owned runs with their owner's data key (see :mod:`statekeep.keys`).
+
     Examples:
         >>> store = SQLWorkingStateStore("sqlite:///:memory:")
     """
 
-    def __init__(self, db: Database | str, migrations: StateMigrations | None = None) -> None:
+    def __init__(
+        self, db: Database | str, migrations: StateMigrations | None = None, *, keys: KeyRing | None = None
+    ) -> None:
         super().__init__(migrations)
         self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_WORKING_URL")
+        self.keys = keys
         setup(self.db)
+
+    def sealed(self, record: StateVersion, owner: str | None, *, create: bool = False) -> StateVersion:
+        """``record`` with its state sealed under ``owner``'s data key (unchanged without keys or owner).
+
+        ``create=False`` (inside another transaction of the same database) needs the
+        owner's key to exist already: :meth:`KeyRing.prepare <statekeep.keys.KeyRing.prepare>` it first.
+        """
+        if self.keys is None or owner is None:
+            return record
+        return dataclasses.replace(record, state=self.keys.seal(owner, record.state, create=create))
+
+    def _seal(self, record: StateVersion, owner: str | None) -> StateVersion:
+        return self.sealed(record, owner, create=True)
 
     def close(self) -> None:
         self.db.dispose()
 
     def _append(self, record: StateVersion, expected: int | None) -> StateVersion:
         with self.db.begin(f"saving state of run {record.run_id!r}") as conn:
-            return append(conn, record, expected)
+            stored = append(conn, record, expected)
+        if self.keys is None:
+            return stored
+        return dataclasses.replace(stored, state=self.keys.open(stored.state))
 
     def _get(self, run_id: str, version: int | None) -> StateVersion | None:
         q = sa.select(versions).where(versions.c.run_id == run_id)
@@ -126,12 +171,12 @@ class SQLWorkingStateStore(WorkingStateStore):
         )
         with self.db.read() as conn:
             row = conn.execute(q).first()
-        return None if row is None else _record(row)
+        return None if row is None else _record(row, self.keys)
 
     def _list(self, run_id: str) -> list[StateVersion]:
         q = sa.select(versions).where(versions.c.run_id == run_id).order_by(versions.c.version)
         with self.db.read() as conn:
-            return [_record(r) for r in conn.execute(q)]
+            return [_record(r, self.keys) for r in conn.execute(q)]
 
     def _prune(self, run_id: str, keep: int) -> int:
         with self.db.begin() as conn:
@@ -139,7 +184,7 @@ class SQLWorkingStateStore(WorkingStateStore):
             q = versions.delete().where(versions.c.run_id == run_id, versions.c.version <= cutoff)
             return int(conn.execute(q).rowcount)
 
-    def _delete(self, run_ids: list[str]) -> int:
+    def _delete(self, run_ids: list[str]) -> int:  # secure_delete is on for every SQLite connection
         deleted = 0
         with self.db.begin() as conn:
             for start in range(0, len(run_ids), 500):

@@ -1,0 +1,200 @@
+"""Erasing an owner from every store at once, with one receipt (GDPR Art. 17, CCPA deletion).
+
+:func:`erase_owner` removes everything statekeep holds of one owner: context
+sessions with their events and summaries, the working-state versions and the
+runs of the owner's runs (journal, tool ledger, approvals, events sent to
+them), the owner's memories, and last the owner's data keys, so that whatever
+bytes of the owner's sealed payloads remain anywhere (a PostgreSQL dead tuple,
+a backup) can no longer be decrypted. SQLite files are left without the
+deleted bytes (``secure_delete``, then the WAL is checkpointed and truncated).
+:class:`~statekeep.runtime.Runtime` and ``statekeep erase OWNER`` call it.
+
+It is safe to call again: a failure half way leaves the rest to find, and a
+second call finishes the job (the data keys are shredded last for that reason).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from statekeep._text import check_id
+from statekeep.errors import LiveRunsError, RunFinishedError
+
+if TYPE_CHECKING:
+    from statekeep.context import ContextStore
+    from statekeep.keys import KeyRing
+    from statekeep.memory import ForgetReceipt, MemoryStore
+    from statekeep.workflow import WorkflowStore
+    from statekeep.working import WorkingStateStore
+
+#: What erasure cannot reach by itself, on every backend.
+NOT_REACHED = (
+    "backups, snapshots and dumps taken before the erasure: restore them only to erase again "
+    "(their sealed payloads open only while a copy of the owner's data key exists)",
+    "copies made outside statekeep: model providers' logs, application logs, exports already handed out",
+    "other owners' sessions, runs and memories that quote this owner (erasure goes by owner)",
+    "the audit log's records of this owner (ids and counts, never content), kept as proof",
+    "processes that cached this owner's data key or decoded context keep them in memory until "
+    "they restart (data keys for at most a minute as the current key)",
+)
+NOT_REACHED_SQLITE = (
+    "the file system below SQLite: freed disk blocks and SSD cells the WAL or the database once used",
+)
+NOT_REACHED_POSTGRES = (
+    "PostgreSQL's write-ahead log (pg_wal) until its segments are recycled, WAL archives, and "
+    "replicas: they hold the deleted rows (payloads sealed) and the owner's wrapped data key",
+    "dead tuples of the deleted rows until autovacuum reuses their pages: sealed payloads "
+    "(undecryptable once the key is shredded) and plain identifiers (owner, session and run ids, "
+    "tool and step names)",
+)
+
+
+@dataclass(frozen=True)
+class ErasureReceipt:
+    """What :func:`erase_owner` removed from each store, what it rewrote, and what it cannot reach.
+
+    Attributes:
+        owner: The owner erased.
+        cancelled: Live runs of the owner that were cancelled first.
+        context: ``sessions``, ``events`` (summaries included) and ``summaries`` removed.
+        working: ``versions`` of working state removed.
+        workflow: ``runs``, ``steps`` (journal), ``tool_calls`` (ledger), ``approvals``, ``events``.
+        memory: The memory store's own receipt, as a dict (None without a memory store).
+        keys: ``data_keys`` shredded (None without a key ring: nothing was sealed).
+        locations: Where bytes were rewritten or scrubbed so that nothing deleted stays readable.
+        not_reached: What erasure cannot touch by itself, said plainly.
+        started_at: When the erasure began.
+        finished_at: When it ended.
+    """
+
+    owner: str
+    cancelled: tuple[str, ...]
+    context: dict[str, int]
+    working: dict[str, int]
+    workflow: dict[str, int]
+    memory: dict[str, Any] | None
+    keys: dict[str, int] | None
+    locations: tuple[str, ...]
+    not_reached: tuple[str, ...]
+    started_at: datetime
+    finished_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def counts(self) -> dict[str, int]:
+        """Every count in one flat dict (``context.events``, ``memory.removed``...), as the audit keeps it."""
+        flat = {"cancelled": len(self.cancelled)}
+        for section in ("context", "working", "workflow", "keys"):
+            for name, value in (getattr(self, section) or {}).items():
+                flat[f"{section}.{name}"] = value
+        if self.memory is not None:
+            flat["memory.removed"] = int(self.memory["removed"])
+        return flat
+
+    def as_dict(self) -> dict[str, Any]:
+        """The receipt as a JSON-ready dict."""
+        return {
+            "owner": self.owner,
+            "cancelled": list(self.cancelled),
+            "context": self.context,
+            "working": self.working,
+            "workflow": self.workflow,
+            "memory": self.memory,
+            "keys": self.keys,
+            "locations": list(self.locations),
+            "not_reached": list(self.not_reached),
+            "started_at": self.started_at.isoformat(),
+            "finished_at": self.finished_at.isoformat(),
+        }
+
+
+def erase_owner(
+    owner: str,
+    *,
+    context: ContextStore,
+    working: WorkingStateStore | None,
+    workflow: WorkflowStore,
+    memory: MemoryStore | None = None,
+    keys: KeyRing | None = None,
+    cancel_live: bool = False,
+) -> ErasureReceipt:
+    """Remove everything of ``owner`` from every store; see the module docstring.
+
+    Live runs of the owner are refused, unless ``cancel_live``: then they are
+    cancelled first (their leases revoked, so no worker advances them again).
+
+    Raises:
+        LiveRunsError: the owner has live runs and ``cancel_live`` is False; nothing was erased.
+        InvalidInputError: ``owner`` is not an owner id.
+        ErasureError: rows were deleted but a file could not be rewritten; erase again.
+    """
+    check_id(owner, "owner")
+    started = datetime.now(UTC)
+    cancelled = _settle_live_runs(workflow, owner, cancel_live)
+    run_ids = [r.run_id for r in workflow.runs_of(owner)]
+    # working state first (as the engine's purge does): should the process die in between, the
+    # runs are still there to find, and erasing again finishes the job
+    versions = working.delete(*run_ids) if working is not None else 0
+    runs = workflow.delete_owner(owner)
+    sessions = context.delete_owner(owner)
+    forgotten: ForgetReceipt | None = memory.forget(owner) if memory is not None else None
+    shredded = keys.shred(owner) if keys is not None else None
+    locations = [f"{db!r}: {db.scrub()}" for db in _databases(context, working, workflow)]
+    if shredded is not None:
+        locations.extend(shredded.locations)
+    if forgotten is not None:
+        locations.extend(forgotten.locations)
+    not_reached = list(NOT_REACHED)
+    names = {db.name for db in _databases(context, working, workflow, keys)}
+    if "sqlite" in names:
+        not_reached.extend(NOT_REACHED_SQLITE)
+    if "postgresql" in names:
+        not_reached.extend(NOT_REACHED_POSTGRES)
+    if forgotten is not None:
+        not_reached.extend(line for line in forgotten.not_reached if line not in not_reached)
+    return ErasureReceipt(
+        owner=owner,
+        cancelled=tuple(cancelled),
+        context=sessions,
+        working={"versions": versions},
+        workflow=runs,
+        memory=None if forgotten is None else forgotten.as_dict(),
+        keys=None if shredded is None else {"data_keys": shredded.keys},
+        locations=tuple(locations),
+        not_reached=tuple(not_reached),
+        started_at=started,
+    )
+
+
+def _settle_live_runs(workflow: WorkflowStore, owner: str, cancel_live: bool) -> list[str]:
+    """Refuse (or cancel) the owner's live runs; twice, for a run started meanwhile."""
+    cancelled: list[str] = []
+    for _ in range(3):
+        live = [r.run_id for r in workflow.runs_of(owner) if not r.status.finished]
+        if not live:
+            return cancelled
+        if not cancel_live:
+            raise LiveRunsError(owner, live)
+        for run_id in live:
+            try:
+                workflow.cancel(run_id)
+                cancelled.append(run_id)
+            except RunFinishedError:  # it finished meanwhile: nothing to cancel
+                pass
+    live = [r.run_id for r in workflow.runs_of(owner) if not r.status.finished]
+    if live:  # runs keep being started for this owner: stop them at the source first
+        raise LiveRunsError(owner, live)
+    return cancelled
+
+
+def _databases(*stores: object) -> Sequence[Any]:
+    """The distinct SQL databases of these stores (a Database each, in order)."""
+    from statekeep.db import Database
+
+    found: dict[int, Database] = {}
+    for store in stores:
+        db = getattr(store, "db", None)
+        if isinstance(db, Database):
+            found.setdefault(id(db), db)
+    return list(found.values())
