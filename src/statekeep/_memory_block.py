@@ -1,4 +1,4 @@
-"""The memory data block: how retrieved memories reach a model (DESIGN.md invariant 9).
+"""The memory data block: how retrieved memories reach a model (invariant 9 of docs/concepts.md).
 
 Memories are rendered inside one delimited block that tells the model they are
 data, never instructions; each carries its provenance, and its text is escaped

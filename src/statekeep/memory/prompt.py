@@ -1,4 +1,4 @@
-"""Memories reach the model as data, never as instructions (DESIGN.md invariants 8 and 9).
+"""Memories reach the model as data, never as instructions (invariants 8 and 9 of docs/concepts.md).
 
 There is one rendering of the memory block, :mod:`statekeep._memory_block`, which
 the context builder uses too: :func:`render_memories` shows exactly what the
