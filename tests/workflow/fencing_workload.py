@@ -202,4 +202,4 @@ def resume(name: str, url: str, work: Path, run_id: str) -> None:
 def refused(log: Path) -> bool:
     """Whether a process's log says one of its writes was refused by the fence (``LeaseLostError``)."""
     text = log.read_text() if log.exists() else ""
-    return "fenced" in text or "LeaseLostError" in text or "is stale" in text
+    return any(sign in text for sign in ("lease lost", "fenced", "LeaseLostError", "is stale"))
