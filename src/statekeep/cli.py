@@ -101,14 +101,23 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+#: who runs this command, for the audit log (``--as``)
+_ACTOR: dict[str, str] = {}
+
+
 @app.callback()
 def _root(
     version: Annotated[
         bool,
         typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_version),
     ] = False,
+    as_: Annotated[
+        str | None,
+        typer.Option("--as", envvar="STATEKEEP_ACTOR", help="Who you are, for the audit log."),
+    ] = None,
 ) -> None:
     """Durable state for AI agents."""
+    _ACTOR["name"] = as_ or getpass.getuser()
 
 
 # --- opening stores --------------------------------------------------------------------------
@@ -117,21 +126,6 @@ def _root(
 def _load_settings(database_url: str | None, home: str | None, memory_url: str | None = None) -> Settings:
     """The settings, unchecked: nothing is connected to or created."""
     return Settings.load(home=home, database_url=database_url, memory_url=memory_url)
-
-
-#: who runs this command, for the audit log (``--as``)
-_ACTOR: dict[str, str] = {}
-
-
-@app.callback()
-def _identify(
-    as_: Annotated[
-        str | None,
-        typer.Option("--as", envvar="STATEKEEP_ACTOR", help="Who you are, for the audit log."),
-    ] = None,
-) -> None:
-    """Durable state for AI agents."""
-    _ACTOR["name"] = as_ or getpass.getuser()
 
 
 def _audit(
@@ -879,7 +873,7 @@ def context_show(
 
 @app.command()
 def erase(
-    owner: str,
+    owner: Annotated[str, typer.Argument(help="The owner id whose data is erased from every store.")],
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
     cancel_live: Annotated[
         bool, typer.Option("--cancel-live", help="Cancel the owner's live runs first (else: refuse).")
@@ -927,7 +921,7 @@ def erase(
 
 @app.command("audit")
 def audit_list(
-    limit: int = 100,
+    limit: Annotated[int, typer.Option(help="Show at most this many records, newest first.")] = 100,
     action: Annotated[str | None, typer.Option(help="Only this action (erase, approve, ...).")] = None,
     target: Annotated[
         str | None, typer.Option(help="Only records about this run, approval or owner id.")

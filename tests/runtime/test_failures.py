@@ -125,7 +125,8 @@ def _notes(rt: Runtime, run_id: str) -> list[tuple[str, Any]]:
     store: Any = rt.engine.store
     q = sa.select(events_table.c.name, events_table.c.payload).where(events_table.c.run_id == run_id)
     with store.db.read() as conn:
-        return [(r.name, json.loads(r.payload)) for r in conn.execute(q.order_by(events_table.c.id))]
+        rows = conn.execute(q.order_by(events_table.c.id))
+        return [(r.name, json.loads(rt.keys.open(r.payload) if rt.keys else r.payload)) for r in rows]
 
 
 def test_a_429_waits_as_long_as_retry_after_says_and_each_attempt_is_journaled(
