@@ -31,6 +31,23 @@ def runtime(settings: Settings) -> Iterator[Runtime]:
     rt.close()
 
 
+def apart(settings: Settings) -> tuple[Settings, dict[str, str]]:
+    """The settings with the context store on a database of its own (another URL), and its env.
+
+    On PostgreSQL the other URL names the same database (with another application name):
+    the stores do not share a connection, so a step's event commits before its completion.
+    """
+    url = settings.database_url
+    if url.startswith("sqlite"):
+        context = f"sqlite:///{settings.home / 'context.db'}"
+    else:
+        context = url + ("&" if "?" in url else "?") + "application_name=statekeep_context"
+    moved = Settings.load(
+        home=settings.home, database_url=url, memory_url=settings.memory_url, context_url=context, env={}
+    )
+    return moved, {"STATEKEEP_CONTEXT_URL": context}
+
+
 def subprocess_env(settings: Settings) -> dict[str, str]:
     """The environment of a child process that opens the same stores."""
     return {

@@ -1,8 +1,10 @@
 """The test agent, with a SIGKILL after a runtime step has logged its events but before it commits.
 
-``STATEKEEP_TEST_KILL_AFTER`` names the step (``begin``, ``model-1``, ``observe-0-0``...);
-the process kills itself right after that step's function returned, so its context
-events and staged state exist but its completion record does not.
+``STATEKEEP_TEST_KILL_AFTER`` names the step (``begin``, ``model-1``, ``observe-0-0``...).
+When the stores share a database, the step's events are written inside its completion's
+transaction: the process kills itself there, after the events and the state were
+written and before the commit. Otherwise it kills itself right after the step's function
+returned, so its context events exist (committed) but its completion record does not.
 """
 
 from __future__ import annotations
@@ -14,19 +16,30 @@ from typing import Any
 
 from statekeep.config import Settings
 from statekeep.runtime.steps import AgentSteps
-from statekeep.workflow import RunContext
+from statekeep.workflow import Finish, RunContext, RunWrite
 from tests.runtime import agent_app
 
 
 class CrashingSteps(AgentSteps):
-    def think(self, ctx: RunContext, agent: Any, turn: int, attempt: int = 1) -> dict[str, Any]:
-        out = super().think(ctx, agent, turn, attempt)
-        _maybe_die(f"model-{turn}")
+    def think(self, ctx: RunContext, agent: Any, turn: int, attempt: int = 1) -> Any:
+        return dying(super().think(ctx, agent, turn, attempt), f"model-{turn}")
+
+    def observe(self, ctx: RunContext, call: dict[str, Any], result: Any, step: str) -> Any:
+        return dying(super().observe(ctx, call, result, step), step)
+
+
+def dying(out: Any, step: str) -> Any:
+    """``out``, or the process killed at ``step``: inside the completion's transaction when it has one."""
+    if not isinstance(out, Finish):
+        _maybe_die(step)
         return out
 
-    def observe(self, ctx: RunContext, call: dict[str, Any], result: Any, step: str) -> None:
-        super().observe(ctx, call, result, step)
+    def finish(tx: RunWrite) -> Any:
+        value = out.fn(tx)
         _maybe_die(step)
+        return value
+
+    return Finish(finish)
 
 
 def _maybe_die(step: str) -> None:

@@ -8,7 +8,6 @@ names a step after whose function the process kills itself, before the step comm
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from typing import Any
 
@@ -18,6 +17,7 @@ from statekeep.models import OpenAIChatModel
 from statekeep.runtime import Agent, AgentTool, Runtime
 from statekeep.runtime.steps import AgentSteps
 from statekeep.workflow import RetryPolicy, RunContext
+from tests.runtime.crash_app import dying
 
 
 def lookup(key: str, city: str) -> dict[str, Any]:
@@ -39,11 +39,8 @@ AGENT = Agent(
 
 
 class CrashingSteps(AgentSteps):
-    def think(self, ctx: RunContext, agent: Any, turn: int, attempt: int = 1) -> dict[str, Any]:
-        out = super().think(ctx, agent, turn, attempt)
-        if os.environ.get("STATEKEEP_TEST_KILL_AFTER") == f"model-{turn}":
-            os.kill(os.getpid(), signal.SIGKILL)
-        return out
+    def think(self, ctx: RunContext, agent: Any, turn: int, attempt: int = 1) -> Any:
+        return dying(super().think(ctx, agent, turn, attempt), f"model-{turn}")
 
 
 def build_runtime(settings: Settings | None = None, url: str | None = None) -> Runtime:

@@ -6,9 +6,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from statekeep.config import Settings
 from statekeep.errors import InvalidInputError
@@ -72,10 +76,26 @@ class SlowCallbacks(logging.Handler):
             self.reports.append(message)
 
 
+@contextmanager
+def statements() -> Iterator[list[tuple[str, bool]]]:
+    """(thread name, through an async driver?) of every SQL statement any engine executes meanwhile."""
+    seen: list[tuple[str, bool]] = []
+
+    def record(conn: Any, *_: Any) -> None:
+        seen.append((threading.current_thread().name, bool(conn.dialect.is_async)))
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", record)
+
+
 def test_a_long_run_never_stalls_the_event_loop(settings: Settings) -> None:
     """An asyncio app with a ticker task: a 40-step agent run (10 turns of an async tool, on a model
     served over HTTP) through arun, then astream, with asyncio's debug mode reporting no callback
-    slower than 100 ms; the ticker keeps ticking.
+    slower than 100 ms; the ticker keeps ticking. Every statement of the run goes through the async
+    driver on the loop's own thread (the lease heartbeat's thread aside): no thread hop per statement.
 
     Debug mode measures wall time, so on a machine whose cores are busy with other work a callback
     can be reported slow because the OS did not schedule the loop's thread. Such a report does not
@@ -109,14 +129,24 @@ def test_a_long_run_never_stalls_the_event_loop(settings: Settings) -> None:
         ticking = asyncio.create_task(ticker())
         task = "Weather in ten cities"
         try:
-            run = await rt.arun(AGENT, f"tick-{attempt}", owner="ada", task=task)
-            events = [e async for e in rt.astream(AGENT, f"tick-{attempt}-stream", owner="ada", task=task)]
+            with statements() as seen:
+                run = await rt.arun(AGENT, f"tick-{attempt}", owner="ada", task=task)
+                events = [
+                    e async for e in rt.astream(AGENT, f"tick-{attempt}-stream", owner="ada", task=task)
+                ]
             steps = await asyncio.to_thread(rt.engine.store.steps, f"tick-{attempt}")
         finally:
             done.set()
             await ticking
             await rt.__aexit__()
         assert len(steps) >= 40
+        here = threading.current_thread().name
+        assert len([s for s in seen if s == (here, True)]) >= 40  # at least one per step, on the loop
+        assert [s for s in seen if s[0] == here and not s[1]] == []  # no blocking driver on the loop
+        assert {name for name, _ in seen if name != here} <= {
+            f"lease-tick-{attempt}",
+            f"lease-tick-{attempt}-stream",
+        }
         return run, events, max(gaps)
 
     try:

@@ -26,7 +26,7 @@ from statekeep.runtime import Agent, AgentState, AgentTool, ModelRetrying, Runti
 from statekeep.workflow import RetryPolicy, RunStatus
 from statekeep.workflow.tables import events as events_table
 from tests.runtime import llm_app
-from tests.runtime.conftest import ROOT, subprocess_env
+from tests.runtime.conftest import ROOT, apart, subprocess_env
 from tests.runtime.llm_server import (
     LLMServer,
     Reply,
@@ -305,15 +305,17 @@ def test_a_worker_killed_mid_stream_asks_again_and_logs_once(settings: Settings)
 
 @pytest.mark.crash
 def test_a_stream_that_completed_before_the_kill_is_not_paid_twice(settings: Settings) -> None:
-    """SIGKILL after the streamed answer was logged, before its step committed: the resumed run uses
-    the logged answer instead of asking (and paying) again."""
+    """Stores in separate databases: SIGKILL after the streamed answer was logged, before its step
+    committed: the resumed run uses the logged answer instead of asking (and paying) again."""
+    settings, env = apart(settings)
     provider = Provider("openai")
     with serving(trip(provider, [])) as server:
-        proc = _worker(settings, server, "after-stream", STATEKEEP_TEST_KILL_AFTER="model-0")
+        proc = _worker(settings, server, "after-stream", STATEKEEP_TEST_KILL_AFTER="model-0", **env)
         proc.communicate(timeout=120)
         assert proc.returncode == -signal.SIGKILL
         rt = llm_app.build_runtime(settings, server.url)
         try:
+            assert not rt.engine.store.shares(getattr(rt.context, "db", None))  # a database of its own
             run = rt.resume("after-stream")
             assert run.status is RunStatus.COMPLETED
             assert _transcript(rt, "after-stream") == ["user", "tool_call", "tool_result", "assistant"]
@@ -321,6 +323,28 @@ def test_a_stream_that_completed_before_the_kill_is_not_paid_twice(settings: Set
             rt.close()
         assert _turn0(server) == 1
         assert len(server.requests) == 2
+
+
+@pytest.mark.crash
+def test_a_kill_before_the_step_commits_leaves_no_event_when_the_stores_share_a_database(
+    settings: Settings,
+) -> None:
+    """One database: the answer's event commits with its step, so SIGKILL between the answer and the
+    commit leaves neither; the resumed run asks again and logs the answer once (no orphan, no twin)."""
+    provider = Provider("openai")
+    with serving(trip(provider, [])) as server:
+        proc = _worker(settings, server, "joined", STATEKEEP_TEST_KILL_AFTER="model-0")
+        proc.communicate(timeout=120)
+        assert proc.returncode == -signal.SIGKILL
+        rt = llm_app.build_runtime(settings, server.url)
+        try:
+            assert _transcript(rt, "joined") == ["user"]  # the begin step committed; model-0 did not
+            run = rt.resume("joined")
+            assert run.status is RunStatus.COMPLETED
+            assert _transcript(rt, "joined") == ["user", "tool_call", "tool_result", "assistant"]
+        finally:
+            rt.close()
+        assert _turn0(server) == 2
 
 
 @pytest.mark.crash

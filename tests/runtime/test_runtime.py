@@ -17,7 +17,7 @@ from statekeep.models import ModelResponse, ScriptedModel, ToolCall
 from statekeep.runtime import Agent, AgentState, Runtime
 from statekeep.workflow import Run, RunStatus
 from tests.runtime import agent_app
-from tests.runtime.conftest import ROOT, effects, subprocess_env
+from tests.runtime.conftest import ROOT, apart, effects, subprocess_env
 
 TASK = "Plan a trip"
 
@@ -196,13 +196,29 @@ def test_turns_must_be_positive(runtime: Runtime) -> None:
 
 
 @pytest.mark.crash
-@pytest.mark.parametrize("step", ["model-0", "observe-0-0", "model-1", "observe-1-1"])
+@pytest.mark.parametrize(
+    ("step", "layout"),
+    [
+        ("model-0", "shared"),
+        ("observe-0-0", "shared"),
+        ("model-1", "shared"),
+        ("observe-1-1", "shared"),
+        ("model-1", "apart"),
+        ("observe-0-0", "apart"),
+    ],
+)
 def test_invariant_1_a_killed_step_neither_duplicates_events_nor_pays_the_model_twice(
-    settings: Settings, step: str
+    settings: Settings, step: str, layout: str
 ) -> None:
-    """SIGKILL after a step logged its events but before it committed: the resumed run logs each
-    event once, calls the model once per turn, runs each tool once, and ends like an uncrashed run."""
-    env = {**subprocess_env(settings), "STATEKEEP_TEST_KILL_AFTER": step}
+    """SIGKILL after a step wrote its events but before it committed: the resumed run logs each
+    event once, runs each tool once, and ends like an uncrashed run. With the context store on a
+    database of its own ("apart") the events had committed, and the model is called once per turn;
+    with one database ("shared") they were in the step's uncommitted transaction and are gone with
+    it, so a killed model step asks the model again, and nothing is logged twice."""
+    extra: dict[str, str] = {}
+    if layout == "apart":
+        settings, extra = apart(settings)
+    env = {**subprocess_env(settings), **extra, "STATEKEEP_TEST_KILL_AFTER": step}
     out = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "runtime" / "crash_app.py"), "crashed"],
         env=env,
@@ -213,6 +229,7 @@ def test_invariant_1_a_killed_step_neither_duplicates_events_nor_pays_the_model_
     assert out.returncode == -9, out.stderr  # really killed, at that point
     rt = agent_app.build_runtime(settings)
     try:
+        assert rt.engine.store.shares(getattr(rt.context, "db", None)) is (layout == "shared")
         run = rt.resume("crashed")
         assert run.status is RunStatus.WAITING_FOR_APPROVAL
         _approve_all(rt, "crashed")
@@ -226,8 +243,10 @@ def test_invariant_1_a_killed_step_neither_duplicates_events_nor_pays_the_model_
     finally:
         rt.close()
     counts = Counter(e["kind"] for e in effects())
-    # two runs: the model answered 4 times per run, every tool ran once per run
-    assert counts == {"model": 8, "lookup": 4, "note": 2, "send": 2}
+    # two runs: the model answered 4 times per run (and once more for a shared model step killed
+    # before its answer committed), every tool ran once per run
+    asked_again = layout == "shared" and step.startswith("model")
+    assert counts == {"model": 8 + asked_again, "lookup": 4, "note": 2, "send": 2}
 
 
 def test_bad_agents_and_run_arguments_are_refused(runtime: Runtime) -> None:

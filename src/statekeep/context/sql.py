@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from statekeep.context._log import Draft, Head, LogView
-from statekeep.context._types import SUMMARY, Event, LogEntry
+from statekeep.context._types import SUMMARY, Event, LogEntry, Message
 from statekeep.context.base import ContextStore
 from statekeep.context.summarize import Summarizer
 from statekeep.context.tokens import TokenCounter
@@ -35,7 +36,7 @@ from statekeep.db import Database, Migration, upgrade
 from statekeep.db.dialects import Dialect
 from statekeep.db.migrations import create_tables
 from statekeep.db.types import UTCDateTime
-from statekeep.errors import SealedDataError, SessionOwnerError, StorageError
+from statekeep.errors import EventKeyConflictError, SealedDataError, SessionOwnerError, StorageError
 from statekeep.keys import KeyRing
 
 SCHEMA = "statekeep_context"
@@ -142,10 +143,13 @@ def append_events(
     expect_summary: int | None,
     owner: str | None = None,
     keys: KeyRing | None = None,
+    *,
+    key_checked: bool = False,
 ) -> list[Event]:
     """Append ``drafts`` inside the caller's transaction; see :meth:`ContextStore._append`.
 
     With ``keys``, the payloads of an owned session are sealed under its owner's data key.
+    ``key_checked``: the caller found the first draft's key absent in this transaction.
 
     Raises:
         SessionOwnerError: the session belongs to another owner (the caller rolls back).
@@ -156,10 +160,10 @@ def append_events(
     last, summary_seq, holder = _bump(conn, dialect, session_id, len(drafts), owner)
     if expect_summary is not None and summary_seq != expect_summary:
         raise _GuardFailed
-    if drafts[0].key is not None:  # checked under the session row lock, so no race
-        found = conn.execute(_Q["key"], {"sid": session_id, "key": drafts[0].key}).all()
-        if found:
-            raise _KeyExists(_events(session_id, found, keys)[0])
+    if drafts[0].key is not None and not key_checked:  # checked under the session row lock, so no race
+        found = _by_key(conn, session_id, drafts[0].key, keys)
+        if found is not None:
+            raise _KeyExists(found)
     first = last - len(drafts) + 1
     stored = [d.at(session_id, first + i) for i, d in enumerate(drafts)]
     rows = [_row(e) for e in stored]
@@ -175,6 +179,11 @@ def append_events(
         where = sessions.c.session_id == session_id
         conn.execute(sessions.update().where(where).values(summary_seq=summaries[-1]))
     return stored
+
+
+def _by_key(conn: Connection, session_id: str, key: str, keys: KeyRing | None) -> Event | None:
+    found = conn.execute(_Q["key"], {"sid": session_id, "key": key}).all()
+    return _events(session_id, found, keys)[0] if found else None
 
 
 def _bump(
@@ -370,9 +379,7 @@ class _SQLView:
         return found[0] if found else None
 
     def by_key(self, session_id: str, key: str) -> Event | None:
-        rows = self._conn.execute(_Q["key"], {"sid": session_id, "key": key}).all()
-        found = _events(session_id, rows, self._keys)
-        return found[0] if found else None
+        return _by_key(self._conn, session_id, key, self._keys)
 
     def tail(self, session_id: str, *, after: int, before: int | None, limit: int) -> list[LogEntry]:
         params = {"sid": session_id, "after": after, "limit": limit}
@@ -449,6 +456,35 @@ class SQLContextStore(ContextStore):
                     raise SealedDataError("-", f"no data key for owner {need.owner!r}") from None
                 self.keys.prepare(need.owner)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def append_in(
+        self, conn: Connection, session_id: str, message: Message, *, key: str, owner: str
+    ) -> Event:
+        """:meth:`append` inside the caller's write transaction on this store's database.
+
+        For a workflow step whose completion commits with its context event (the
+        runtime, when the stores share a database): the caller holds the run's
+        fence, so the key is looked up before the session row is locked, and an
+        event already stored under ``key`` is returned without writing anything.
+        The owner's data key must exist already (the fenced transaction prepared it).
+
+        Raises:
+            EventKeyConflictError: ``key`` already names a different message.
+            SessionOwnerError: the session belongs to another owner (the caller rolls back).
+            SealedDataError: the owner has no data key.
+        """
+        draft = replace(self._draft(message), key=key)
+        stored = _by_key(conn, session_id, key, self.keys)
+        if stored is None:
+            try:
+                stored = append_events(
+                    conn, self.db.dialect, session_id, [draft], None, owner, self.keys, key_checked=True
+                )[0]
+            except _NeedKey as need:
+                raise SealedDataError("-", f"no data key for owner {need.owner!r}") from None
+        if (stored.kind, stored.payload) != (draft.kind, draft.payload):
+            raise EventKeyConflictError(session_id, key, stored.seq)
+        return stored
 
     def _claim(self, session_id: str, owner: str) -> str | None:
         with self._view() as view:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -11,6 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
+from statekeep import _async
 from statekeep._extras import requires
 from statekeep._redact import redact_url
 from statekeep.db.dialects import DIALECTS, Dialect
@@ -21,6 +23,8 @@ _DRIVERS = {
     "postgresql": "postgresql+psycopg",
     "postgres": "postgresql+psycopg",
 }
+#: The async driver of each backend, for code driven by :func:`statekeep._async.drive`.
+_ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}
 
 
 def normalize_url(url: str | URL, *, setting: str = "STATEKEEP_DATABASE_URL") -> URL:
@@ -100,6 +104,12 @@ class Database:
         if not kw.get("pool_pre_ping"):
             _ping_idle_connections(self.engine, ping_after)
         self.dialect.configure(self.engine)
+        self._ping_after = None if kw.get("pool_pre_ping") else ping_after
+        self._async_kw = kw
+        # an in-memory SQLite database lives in one connection: no second engine can see it
+        memory = self.dialect.name == "sqlite" and self.url.database in (None, "", ":memory:")
+        self._async_ok = not memory and not ({"poolclass", "creator", "module"} & kw.keys())
+        self._async_engines: dict[asyncio.AbstractEventLoop, Any] = {}
         #: schema translation for stores: ``{"statekeep_working": None}`` on SQLite.
         self._schema_map: dict[str | None, str | None] = {}
 
@@ -134,10 +144,38 @@ class Database:
         """
         return self._transaction(False, what or f"reading from {self!r}")
 
+    @property
+    def async_capable(self) -> bool:
+        """True when code driven on an event loop reaches this database through an async driver."""
+        return self._async_ok and _async.available(self.dialect.name)
+
+    def _current_engine(self) -> Engine:
+        """The engine for this call: inside :func:`statekeep._async.drive`, the loop's async one."""
+        if not (self._async_ok and _async.active()):
+            return self.engine
+        loop = asyncio.get_running_loop()
+        engine = self._async_engines.get(loop)
+        if engine is None:
+            from sqlalchemy.ext.asyncio import create_async_engine
+
+            url = self.url.set(drivername=_ASYNC_DRIVERS[self.dialect.name])
+            engine = create_async_engine(url, **self._async_kw)
+            if self._ping_after is not None:
+                _ping_idle_connections(engine.sync_engine, self._ping_after)
+            self.dialect.configure(engine.sync_engine)
+            self._async_engines[loop] = engine
+            _async.at_end(loop, self._close_async)
+        return engine.sync_engine  # type: ignore[no-any-return]
+
+    async def _close_async(self, loop: asyncio.AbstractEventLoop) -> None:
+        engine = self._async_engines.pop(loop, None)
+        if engine is not None:
+            await engine.dispose()
+
     @contextmanager
     def _transaction(self, write: bool, what: str) -> Iterator[Connection]:
         try:
-            with self.engine.connect() as conn:
+            with self._current_engine().connect() as conn:
                 conn = conn.execution_options(**self._options(write=write))
                 with conn.begin():
                     yield conn

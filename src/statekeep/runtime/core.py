@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import queue
-import threading
-import time
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
-from contextlib import suppress
 from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
-from statekeep._numbers import MAX_INT, check_int, check_seconds
+from statekeep import _async
+from statekeep._numbers import check_int, check_seconds
 from statekeep.config import Settings
 from statekeep.context import ContextStore, SQLContextStore
 from statekeep.db import Database
-from statekeep.errors import InvalidInputError, RunConflictError, SessionOwnerError
+from statekeep.errors import InvalidInputError, RunConflictError
 from statekeep.models import AnyModel, AsyncModel, AsyncStreamingModel, Model, StreamingModel
 from statekeep.runtime.agent import Agent, AgentState, check_run, check_text
-from statekeep.runtime.events import ApprovalRequested, RunCompleted, RunEvent, RunFailed, RunWaiting
+from statekeep.runtime.driving import Driver
+from statekeep.runtime.events import RunEvent
 from statekeep.runtime.fork import copy_session, copy_states
-from statekeep.runtime.scope import Invocation, check_turns, current_scope, invocation
+from statekeep.runtime.scope import Invocation, check_turns, current_scope
+from statekeep.runtime.sessions import SessionClaims, agent_input
 from statekeep.runtime.steps import PARK, AgentSteps
 from statekeep.runtime.usage import Usage, run_usage
 from statekeep.workflow import (
@@ -42,9 +41,6 @@ if TYPE_CHECKING:
     from statekeep.erasure import ErasureReceipt
     from statekeep.keys import KeyRing
     from statekeep.memory import Embedder, Memory, MemoryKind, MemoryStore, SourceKind
-
-
-_DONE = object()
 
 
 class Runtime:
@@ -88,10 +84,10 @@ class Runtime:
         self.keys, self.audit = keys, audit
         self._open_memory = memory
         self._memory: MemoryStore | None = None
-        self.steps = AgentSteps(context, model, lambda: self.memory, claim=self._claim_session)
+        self._claims = SessionClaims(context, engine.store)
+        self.steps = AgentSteps(context, model, lambda: self.memory, claim=self._claims.claim)
+        self._driver = Driver(engine, self.retry_wait, self._driven)
         self._agents: dict[tuple[str, int], tuple[Agent, Workflow[Any, Any]]] = {}
-        #: the owner of each session's first agent run, read once, to claim sessions older than owners
-        self._first_owners: dict[str, str] | None = None
 
     @classmethod
     def open(
@@ -216,7 +212,7 @@ class Runtime:
         """
         check_run(owner, task, session_id)
         workflow = self.register(agent)
-        self._claim_session(session_id or run_id, owner)
+        self._claims.claim(session_id or run_id, owner)
         return self.engine.start(workflow, run_id, owner, session_id or run_id, task)
 
     def run(
@@ -238,8 +234,7 @@ class Runtime:
         Raises:
             SessionOwnerError: the session belongs to another owner; nothing was written.
         """
-        start = self._starter(agent, run_id, owner, task, session_id)
-        return self._drive(Invocation(turns_left=check_turns(turns)), start)
+        return self._driver.drive(*self._starter(agent, run_id, owner, task, session_id, turns))
 
     def resume(self, run_id: str, *, turns: int | None = None) -> Run:
         """Continue a run by its id alone (its agent must be registered in this process).
@@ -247,7 +242,7 @@ class Runtime:
         Raises:
             SessionOwnerError: the run's session belongs to another owner; nothing was written.
         """
-        return self._drive(Invocation(turns_left=check_turns(turns)), partial(self._resume, run_id))
+        return self._driver.drive(*self._resumer(run_id, turns))
 
     def retry(self, run_id: str, *, turns: int | None = None) -> Run:
         """Retry a failed run here, from its last completed step; the retry is recorded.
@@ -273,19 +268,20 @@ class Runtime:
     ) -> Run:
         """Awaitable :meth:`run`: the event loop stays free.
 
-        The durable core (database reads and writes) runs in a worker thread; async
-        models and async tools are awaited on this loop.
+        The same steps as :meth:`run`, driven on this loop: database statements go
+        through the async drivers (aiosqlite, psycopg's async connections; the
+        ``async`` extra), async models and tools are awaited here. Without those
+        drivers the run executes in a worker thread.
         """
-        start = self._starter(agent, run_id, owner, task, session_id)
-        return await self._adrive(Invocation(turns_left=check_turns(turns)), start)
+        return await self._driver.adrive(*self._starter(agent, run_id, owner, task, session_id, turns))
 
     async def aresume(self, run_id: str, *, turns: int | None = None) -> Run:
         """Awaitable :meth:`resume`."""
-        return await self._adrive(Invocation(turns_left=check_turns(turns)), partial(self._resume, run_id))
+        return await self._driver.adrive(*self._resumer(run_id, turns))
 
     async def aretry(self, run_id: str, *, turns: int | None = None) -> Run:
         """Awaitable :meth:`retry`."""
-        await asyncio.to_thread(self.engine.retry, run_id)
+        await self._driver.hop(partial(self.engine.retry, run_id))
         return await self.aresume(run_id, turns=turns)
 
     def stream(
@@ -306,12 +302,11 @@ class Runtime:
         journaled. The run executes in a thread; leaving the loop early lets it go on
         to its next stop, and waits for that.
         """
-        start = self._starter(agent, run_id, owner, task, session_id)
-        return self._stream(Invocation(turns_left=check_turns(turns)), start)
+        return self._driver.stream(*self._starter(agent, run_id, owner, task, session_id, turns))
 
     def resume_stream(self, run_id: str, *, turns: int | None = None) -> Generator[RunEvent, None, None]:
         """:meth:`resume`, yielding events as :meth:`stream` does."""
-        return self._stream(Invocation(turns_left=check_turns(turns)), partial(self._resume, run_id))
+        return self._driver.stream(*self._resumer(run_id, turns))
 
     def astream(
         self,
@@ -323,13 +318,12 @@ class Runtime:
         session_id: str | None = None,
         turns: int | None = None,
     ) -> AsyncIterator[RunEvent]:
-        """:meth:`stream` for ``async for``: the event loop stays free, async models stream on it."""
-        start = self._starter(agent, run_id, owner, task, session_id)
-        return self._astream(Invocation(turns_left=check_turns(turns)), start)
+        """:meth:`stream` for ``async for``: driven on the event loop as :meth:`arun` is."""
+        return self._driver.astream(*self._starter(agent, run_id, owner, task, session_id, turns))
 
     def aresume_stream(self, run_id: str, *, turns: int | None = None) -> AsyncIterator[RunEvent]:
         """:meth:`aresume`, yielding events as :meth:`astream` does."""
-        return self._astream(Invocation(turns_left=check_turns(turns)), partial(self._resume, run_id))
+        return self._driver.astream(*self._resumer(run_id, turns))
 
     def fork(self, run_id: str, *, at_step: int, new_id: str, session_id: str | None = None) -> Run:
         """A new run ``new_id`` that continues ``run_id`` as it was after journal step ``at_step``.
@@ -376,170 +370,46 @@ class Runtime:
         """Tokens the run's model calls used so far (prompt, cached, completion), from its journal."""
         return run_usage(self.engine.store.steps(run_id))
 
-    # --- how a call drives a run --------------------------------------------------------------
+    # --- how a call starts a run --------------------------------------------------------------
 
     def _starter(
-        self, agent: Agent, run_id: str, owner: str, task: str, session_id: str | None
-    ) -> Callable[[], Run]:
+        self, agent: Agent, run_id: str, owner: str, task: str, session_id: str | None, turns: int | None
+    ) -> tuple[Invocation, Callable[[], Run]]:
+        """The invocation of a call, and what starts its run (checked before anything runs)."""
+        inv = Invocation(turns_left=check_turns(turns))
         check_run(owner, task, session_id)
         workflow = self.register(agent)
         session = session_id or run_id
 
-        def start() -> Run:  # in the caller's thread, or the worker thread of an async call
-            self._claim_session(session, owner)
+        def start() -> Run:  # in the caller's thread, on its loop, or in a worker thread
+            self._claims.claim(session, owner)
             return self.engine.run(workflow, run_id, owner, session, task)
 
-        return start
+        return inv, start
+
+    def _resumer(self, run_id: str, turns: int | None) -> tuple[Invocation, Callable[[], Run]]:
+        return Invocation(turns_left=check_turns(turns)), partial(self._resume, run_id)
 
     def _resume(self, run_id: str) -> Run:
         run = self.engine.store.get(run_id)
-        started = _agent_input(run)
+        started = agent_input(run)
         if started is not None and not run.status.finished:
-            self._claim_session(started[1], started[0])
+            self._claims.claim(started[1], started[0])
         until = (run.waiting or {}).get("until") if run.status is RunStatus.SLEEPING else None
         if isinstance(until, str):  # parked by a turn limit a moment ago: due in a few ms
             ahead = (datetime.fromisoformat(until) - datetime.now(UTC)).total_seconds()
             if 0 < ahead <= PARK.total_seconds():
-                time.sleep(ahead)
+                _async.pause(ahead)
         return self.engine.resume(run_id)
 
-    def _wait(self, run: Run, inv: Invocation) -> float | None:
-        """Seconds to sit out before resuming a run that parked to retry a model call; None: return it."""
-        due, inv.retry_due = inv.retry_due, None
-        if due is None or run.status is not RunStatus.SLEEPING:
-            return None
-        seconds = (due - datetime.now(UTC)).total_seconds()
-        return max(0.0, seconds) if seconds <= self.retry_wait else None
-
-    def _drive(self, inv: Invocation, start: Callable[[], Run]) -> Run:
-        token = invocation.set(inv)
-        try:
-            run = start()
-            while (delay := self._wait(run, inv)) is not None:
-                time.sleep(delay)
-                run = self.engine.resume(run.run_id)
-            return run
-        finally:
-            invocation.reset(token)
-
-    async def _adrive(self, inv: Invocation, start: Callable[[], Run]) -> Run:
-        inv.loop = asyncio.get_running_loop()
-        token = invocation.set(inv)  # asyncio.to_thread carries it into the worker thread
-        try:
-            run = await asyncio.to_thread(start)
-            while (delay := self._wait(run, inv)) is not None:
-                await asyncio.sleep(delay)
-                run = await asyncio.to_thread(self.engine.resume, run.run_id)
-            return run
-        finally:
-            invocation.reset(token)
-
-    def _stream(self, inv: Invocation, start: Callable[[], Run]) -> Generator[RunEvent, None, None]:
-        events: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        inv.sink = events.put
-        outcome: list[BaseException] = []
-
-        def work() -> None:
-            try:
-                for event in self._final_events(self._drive(inv, start)):
-                    events.put(event)
-            except BaseException as exc:
-                outcome.append(exc)
-            finally:
-                events.put(_DONE)
-
-        thread = threading.Thread(target=work, name="statekeep-stream", daemon=True)
-        thread.start()
-        try:
-            while (event := events.get()) is not _DONE:
-                yield event
-        finally:
-            thread.join()
-        if outcome:
-            raise outcome[0]
-
-    async def _astream(self, inv: Invocation, start: Callable[[], Run]) -> AsyncIterator[RunEvent]:
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Any] = asyncio.Queue()
-
-        def sink(event: Any) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
-        inv.sink = sink
-
-        async def drive() -> None:
-            try:
-                run = await self._adrive(inv, start)
-                for event in await asyncio.to_thread(self._final_events, run):
-                    events.put_nowait(event)
-            finally:
-                events.put_nowait(_DONE)
-
-        task = asyncio.ensure_future(drive())
-        try:
-            while (event := await events.get()) is not _DONE:
-                yield event
-            task.result()
-        finally:
-            if not task.done():
-                await asyncio.wait({task})
-
-    def _final_events(self, run: Run) -> list[RunEvent]:
-        if run.status is RunStatus.COMPLETED:
-            return [RunCompleted(run.run_id, run.output, run)]
-        if run.status is RunStatus.FAILED:
-            return [RunFailed(run.run_id, run.error, run)]
-        asked: list[RunEvent] = []
-        if run.status in (RunStatus.WAITING_FOR_APPROVAL, RunStatus.NEEDS_DECISION):
-            for a in self.engine.store.approvals(run_id=run.run_id):
-                arguments = a.args.get("kwargs", {}) if isinstance(a.args, dict) else {}
-                asked.append(ApprovalRequested(run.run_id, a.approval_id, a.action, arguments, a.reason))
-        return [*asked, RunWaiting(run.run_id, run.status.value, run)]
+    def _driven(self) -> bool:
+        """True when every database of the runtime has an async driver: async calls run on the loop."""
+        dbs = [getattr(s, "db", None) for s in (self.engine.store, self.context, self.working)]
+        return all(isinstance(db, Database) and db.async_capable for db in dbs)
 
     def worker(self, **kw: Any) -> Worker:
         """A worker that executes runnable runs of the registered agents (see :class:`Worker`)."""
         return Worker(self.engine, **kw)
-
-    # --- sessions ---------------------------------------------------------------------------
-
-    def _claim_session(self, session_id: str, owner: str) -> None:
-        """Make the session ``owner``'s, or refuse it: a session belongs to one owner.
-
-        A session that predates owners (events, but no owner) is first claimed for
-        the owner of its first agent run, so the upgrade hands no one else's
-        conversation to whichever owner happens to come first; a session without
-        runs goes to this owner.
-
-        Raises:
-            SessionOwnerError: the session belongs to another owner; nothing was written.
-        """
-        context = self.context
-        current = context.owner_of(session_id)
-        if current == owner:
-            return  # an owner, once recorded, never changes: one read on every later run
-        if current is not None:
-            raise SessionOwnerError(session_id, owner, current)
-        if context.last_seq(session_id) > 0:
-            first = self._first_owner(session_id)
-            if first is not None:
-                with suppress(SessionOwnerError):  # claimed meanwhile: the claim below names that owner
-                    context.claim(session_id, first)
-        context.claim(session_id, owner)
-
-    def _first_owner(self, session_id: str) -> str | None:
-        """The owner of the session's first agent run, from one pass over the runs per runtime.
-
-        Runs started since owners are recorded claim their session when they
-        start, so only older runs matter, and they are all there at the first pass.
-        """
-        if self._first_owners is None:
-            owners: dict[str, str] = {}
-            for run in self.engine.store.list_runs(limit=MAX_INT):  # oldest first
-                started = _agent_input(run)
-                if started is not None:
-                    owners.setdefault(started[1], started[0])
-            self._first_owners = owners
-        return self._first_owners.get(session_id)
 
     # --- erasure ----------------------------------------------------------------------------
 
@@ -642,13 +512,3 @@ class Runtime:
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.close)
-
-
-def _agent_input(run: Run) -> tuple[str, str] | None:
-    """(owner, session id) of an agent run, from its input; None for another workflow's run."""
-    if not run.workflow.startswith("agent."):
-        return None
-    args = run.input.get("args") if isinstance(run.input, dict) else None
-    if not isinstance(args, list) or len(args) != 3 or not all(isinstance(a, str) for a in args[:2]):
-        return None
-    return args[0], args[1]

@@ -17,16 +17,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from statekeep import tracing
+from statekeep import _async, tracing
 from statekeep._inspect import context_record
-from statekeep.context import ContextStore, Event, MemoryItem, Message, ToolCall, to_openai
+from statekeep.context import ContextStore, Event, MemoryItem, Message, SQLContextStore, ToolCall, to_openai
 from statekeep.errors import (
     AgentError,
     ApprovalExpiredError,
@@ -52,7 +51,7 @@ from statekeep.runtime.events import ModelRetrying, TextDelta, ToolCallRequested
 from statekeep.runtime.failures import backoff, classify
 from statekeep.runtime.model_loop import ModelLoop
 from statekeep.runtime.scope import Invocation, RunScope, invocation, run_scope
-from statekeep.workflow import RetryPolicy, RunContext, Step, Tool
+from statekeep.workflow import Finish, RetryPolicy, RunContext, RunWrite, Step, Tool
 
 if TYPE_CHECKING:
     from statekeep.memory import MemoryStore
@@ -120,13 +119,14 @@ class AgentSteps:
             ctx.sleep(f"turn-{turn}", until=_soon() if spent else _epoch())
         raise AgentError(f"agent {agent.name!r} reached max_turns={agent.max_turns} in run {ctx.run_id!r}")
 
-    def begin(self, ctx: RunContext, state: AgentState) -> None:
+    def begin(self, ctx: RunContext, state: AgentState) -> Any:
         """First step: the task becomes the session's user message, and state version 1."""
-        event = self.context.append(
-            state.session_id, Message.user(state.task), key=f"{ctx.run_id}/begin", owner=state.owner
-        )
-        ctx.set_state(state.model_copy(update={"cursor": event.seq}))
-        ctx.set_cursor(event.seq)
+
+        def moved(event: Event) -> None:
+            ctx.set_state(state.model_copy(update={"cursor": event.seq}))
+            ctx.set_cursor(event.seq)
+
+        return self._log(ctx, state, Message.user(state.task), f"{ctx.run_id}/begin", moved)
 
     # --- the model ------------------------------------------------------------------------
 
@@ -163,54 +163,54 @@ class AgentSteps:
                 inv.retry_due = None
             attempt += 1
 
-    def think(self, ctx: RunContext, agent: Agent, turn: int, attempt: int = 1) -> dict[str, Any]:
+    def think(self, ctx: RunContext, agent: Agent, turn: int, attempt: int = 1) -> Any:
         """Retrieve memories, build the context, call the model, record its answer (or its failure)."""
         state = self._state(ctx)
         key = f"{ctx.run_id}/model-{turn}"
         logged = self.context.find(state.session_id, key, owner=state.owner)
-        usage: dict[str, int] | None = None
-        sent: dict[str, Any] | None = None  # the context the call was sent, for people to see (the console)
-        if logged is None:  # else the model answered before a crash: it is not paid for twice
-            memories = self._memories(state, agent)
-            built = self.context.build(
-                state.session_id,
-                agent.budget,
-                system=agent.system,
-                pinned=state.pinned(),
-                memories=memories,
-                owner=state.owner,
-            )
-            specs = [t.spec for t in agent.tools]
-            try:
-                with tracing.model_call(self.model.name) as span:
-                    response = self._complete(ctx.run_id, turn, to_openai(built.messages), specs)
-                    tracing.model_answered(
-                        span, response.input_tokens, response.output_tokens, len(response.tool_calls)
-                    )
-            except _INFRASTRUCTURE:
-                raise
-            except Exception as exc:
-                return {"failed": self._failure(agent, exc, attempt)}
-            sent = context_record(built, memory_k=agent.memory_k)
-            calls = [ToolCall(c.id, c.name, c.arguments) for c in response.tool_calls]
-            logged = self._append(state, Message.assistant(response.content or "", tool_calls=calls), key)
-            usage = response.usage
-        ctx.set_state(state.model_copy(update={"turn": turn + 1, "cursor": logged.seq}))
-        ctx.set_cursor(logged.seq)
-        message = logged.message
-        calls_json = [
-            {"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in message.tool_calls
-        ]
-        out: dict[str, Any] = {
-            "content": message.content or None,
-            "tool_calls": calls_json,
-            "event": logged.seq,
-        }
-        if usage is not None:
-            out["usage"] = usage
-        if sent is not None:
-            out["context"] = sent
-        return out
+        extra: dict[str, Any] = {}  # usage, and the context sent, for people to see (the console)
+
+        def answered(event: Event) -> dict[str, Any]:
+            ctx.set_state(state.model_copy(update={"turn": turn + 1, "cursor": event.seq}))
+            ctx.set_cursor(event.seq)
+            calls = [
+                {"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in event.message.tool_calls
+            ]
+            return {
+                "content": event.message.content or None,
+                "tool_calls": calls,
+                "event": event.seq,
+                **extra,
+            }
+
+        if logged is not None:  # the model answered before a crash: it is not paid for twice
+            return answered(logged)
+        built = self.context.build(
+            state.session_id,
+            agent.budget,
+            system=agent.system,
+            pinned=state.pinned(),
+            memories=self._memories(state, agent),
+            owner=state.owner,
+        )
+        specs = [t.spec for t in agent.tools]
+        try:
+            with tracing.model_call(self.model.name) as span:
+                response = self._complete(ctx.run_id, turn, to_openai(built.messages), specs)
+                tracing.model_answered(
+                    span, response.input_tokens, response.output_tokens, len(response.tool_calls)
+                )
+        except _INFRASTRUCTURE:
+            raise
+        except Exception as exc:
+            return {"failed": self._failure(agent, exc, attempt)}
+        if response.usage is not None:
+            extra["usage"] = response.usage
+        extra["context"] = context_record(built, memory_k=agent.memory_k)
+        calls = [ToolCall(c.id, c.name, c.arguments) for c in response.tool_calls]
+        return self._log(
+            ctx, state, Message.assistant(response.content or "", tool_calls=calls), key, answered
+        )
 
     def _failure(self, agent: Agent, exc: Exception, attempt: int) -> dict[str, Any]:
         failure = classify(exc)
@@ -256,6 +256,8 @@ class AgentSteps:
 
     def await_(self, awaitable: Awaitable[T]) -> T:
         """Await on the caller's loop (``arun``/``astream``), else on the runtime's own loop."""
+        if _async.active():  # driven on the caller's loop (arun, astream)
+            return _async.wait(awaitable)
         inv = invocation.get()
         if inv is not None and inv.loop is not None:
             future: Future[T] = asyncio.run_coroutine_threadsafe(_coroutine(awaitable), inv.loop)
@@ -335,7 +337,7 @@ class AgentSteps:
                 except Exception as exc:
                     failure = classify(exc)
                     if failure.transient and attempt < policy.attempts:
-                        time.sleep(backoff(policy, attempt, failure.retry_after))
+                        _async.pause(backoff(policy, attempt, failure.retry_after))
                         attempt += 1
                         continue
                     if tool.on_error == "fail":
@@ -348,18 +350,44 @@ class AgentSteps:
         ledger: Tool[Any, Any] = Tool(tool.name, call, tool.reconciler)
         return ledger.requiring_approval(tool.approval) if tool.approval else ledger
 
-    def observe(self, ctx: RunContext, call: dict[str, Any], result: Any, step: str) -> None:
+    def observe(self, ctx: RunContext, call: dict[str, Any], result: Any, step: str) -> Any:
         """Record a tool result in the context and the working state."""
         state = self._state(ctx)
         message = Message.tool_result(
             call["id"], json.dumps(result), name=call["name"], is_error=_is_error(result)
         )
-        seq = self._append(state, message, f"{ctx.run_id}/{step}").seq
-        facts = {**state.facts, call["name"]: result}
-        ctx.set_state(state.model_copy(update={"cursor": seq, "facts": facts}))
-        ctx.set_cursor(seq)
+
+        def moved(event: Event) -> None:
+            facts = {**state.facts, call["name"]: result}
+            ctx.set_state(state.model_copy(update={"cursor": event.seq, "facts": facts}))
+            ctx.set_cursor(event.seq)
+
+        return self._log(ctx, state, message, f"{ctx.run_id}/{step}", moved)
 
     # --- helpers --------------------------------------------------------------------------
+
+    def _log(
+        self, ctx: RunContext, state: AgentState, message: Message, key: str, then: Callable[[Event], T]
+    ) -> T | Finish[T]:
+        """Append ``message`` under ``key``, then ``then(event)`` stages the state and cursor it moves.
+
+        When the context store shares the workflow's database, the append joins the
+        step's completion (one transaction: event, state version, journal entry);
+        otherwise it commits first, and the completion points at it (a crash in
+        between leaves an event that the re-run step finds by its key).
+        """
+        db = self.context.db if isinstance(self.context, SQLContextStore) else None
+        if db is None or not ctx.joins(db):
+            return then(self._append(state, message, key))
+        context = self.context
+        assert isinstance(context, SQLContextStore)
+
+        def finish(tx: RunWrite) -> T:
+            conn = tx.connection(db)
+            event = context.append_in(conn, state.session_id, message, key=key, owner=state.owner)
+            return then(event)
+
+        return Finish(finish)
 
     def _append(self, state: AgentState, message: Message, key: str) -> Event:
         """Append under an idempotency key; if another holder of the run logged first, use theirs."""

@@ -117,6 +117,14 @@ class RunWrite(ABC):
     def __init__(self, run: Run) -> None:
         self.run = run
 
+    def connection(self, db: object) -> Any | None:
+        """This transaction's connection, for writes of another store on the same database ``db``.
+
+        None when ``db`` is not this transaction's database (or the backend has no
+        connection to share): the caller then writes in a transaction of its own.
+        """
+        return None
+
     # --- the journal ----------------------------------------------------------------------
 
     @abstractmethod
@@ -367,6 +375,10 @@ class WorkflowStore(ABC):
     @abstractmethod
     def heartbeat(self, run_id: str, epoch: int, lease: float) -> bool:
         """Extend a lease; False when the epoch is stale (the run was taken over)."""
+
+    def shares(self, db: object) -> bool:
+        """True when a :class:`RunWrite` of this store can lend its connection to writes on ``db``."""
+        return False
 
     @abstractmethod
     def fenced(self, run: Run) -> AbstractContextManager[RunWrite]:

@@ -8,9 +8,10 @@ import socket
 import threading
 import uuid
 from datetime import timedelta
+from functools import partial
 from typing import Any, ParamSpec, TypeVar
 
-from statekeep import tracing
+from statekeep import _async, tracing
 from statekeep._numbers import check_seconds
 from statekeep._text import check_id
 from statekeep.db import Database
@@ -184,8 +185,18 @@ class Engine:
         )
 
     async def arun(self, workflow: Workflow[P, R], run_id: str, /, *args: P.args, **kwargs: P.kwargs) -> Run:
-        """Awaitable :meth:`run`, for callers inside an event loop."""
-        return await asyncio.to_thread(self.run, workflow, run_id, *args, **kwargs)
+        """Awaitable :meth:`run`, for callers inside an event loop: the loop stays free.
+
+        The one sync implementation is driven on this loop (:mod:`statekeep._async`):
+        statements go through the async driver, async steps and tools are awaited
+        here. Without the ``async`` extra (or on an in-memory SQLite database) it
+        runs in a worker thread instead.
+        """
+        call = partial(self.run, workflow, run_id, *args, **kwargs)
+        db = getattr(self.store, "db", None)
+        if getattr(db, "async_capable", False):
+            return await _async.drive(call)
+        return await asyncio.to_thread(call)
 
     def execute(self, run: Run) -> Run:
         """Execute a run this engine already holds the lease of (a worker's claim)."""
@@ -345,6 +356,8 @@ def _invoke(exe: Execution, store: WorkflowStore, stored: dict[str, Any]) -> Any
         exe.loop = asyncio.get_running_loop()
         return await workflow.fn(AsyncRunContext(ctx), *args, **kwargs)
 
+    if _async.active():  # driven on the caller's loop: the workflow runs there
+        return _async.wait(_main())
     return asyncio.run(_main())
 
 

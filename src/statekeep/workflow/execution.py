@@ -17,12 +17,13 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import pydantic
 
-from statekeep import tracing
+from statekeep import _async, tracing
 from statekeep.errors import InvalidInputError, NonDeterminismError, StateNotFoundError, StepOutputError
 from statekeep.workflow import codec
 from statekeep.workflow._types import Checkpoint, Run, StepKind, StepRecord
@@ -35,6 +36,20 @@ M = TypeVar("M", bound=pydantic.BaseModel)
 
 #: Journal entries read per round trip during replay.
 PAGE = 500
+
+
+@dataclass(frozen=True)
+class Finish(Generic[T]):
+    """A step's value, finished inside the transaction that commits the step's completion.
+
+    A step function returns ``Finish(fn)`` to make writes of another store on the
+    same database (a context event, say) commit together with its completion:
+    ``fn(tx)`` runs in the fenced transaction, before the staged state and cursor
+    are written (so it may still stage them), and its return value is the step's
+    output. If anything fails, nothing of the step is committed.
+    """
+
+    fn: Callable[[RunWrite], T]
 
 
 class ChildRunner(Protocol):
@@ -229,6 +244,21 @@ class Execution:
         with self.write() as tx:
             return self.record(tx, seq, name, kind, input_hash, output, attempt=attempt, started=started)
 
+    def complete(
+        self, seq: int, name: str, input_hash: str, value: Any, *, attempt: int, started: datetime
+    ) -> Any:
+        """Commit a step's value (finishing a :class:`Finish` in the transaction); return the decoded output.
+
+        Raises:
+            StepOutputError: the value is not JSON; nothing was committed.
+        """
+        if not isinstance(value, Finish):
+            output = self.encode(name, value)
+            return self.commit(seq, name, "step", input_hash, output, attempt=attempt, started=started)
+        with self.write() as tx:
+            output = self.encode(name, value.fn(tx))
+            return self.record(tx, seq, name, "step", input_hash, output, attempt=attempt, started=started)
+
     # --- calling user code ----------------------------------------------------------------
 
     def invoke(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -236,6 +266,8 @@ class Execution:
         result = fn(*args, **kwargs)
         if not inspect.isawaitable(result):
             return result
+        if _async.active():  # driven on the loop: await it there
+            return _async.wait(result)
         if self.loop is not None:
             return asyncio.run_coroutine_threadsafe(_coro(result), self.loop).result()
         return asyncio.run(_coro(result))

@@ -9,14 +9,14 @@ methods in a thread.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
+from functools import partial
 from typing import Any, ParamSpec, TypeVar, overload
 
 import pydantic
 
-from statekeep import tracing
+from statekeep import _async, tracing
 from statekeep._numbers import check_int
 from statekeep.errors import ConfigError, LeaseLostError, StepFailedError, StorageError
 from statekeep.workflow import codec, tools, waits
@@ -77,7 +77,9 @@ class RunContext:
 
         The output must be JSON; the value returned is always the decoded JSON, so a
         first run and a replay see the same thing. Staged state and cursor
-        (:meth:`set_state`, :meth:`set_cursor`) commit with this step's completion.
+        (:meth:`set_state`, :meth:`set_cursor`) commit with this step's completion. A
+        :class:`~statekeep.workflow.Finish` returned by ``fn`` is finished inside the
+        completion's transaction (see :meth:`joins`).
 
         Raises:
             StepFailedError: every attempt of the retry policy raised.
@@ -101,14 +103,20 @@ class RunContext:
                     if attempt >= policy.attempts:
                         raise StepFailedError(self.run_id, spec.name, seq, attempt, repr(exc)) from exc
                     tracing.retrying(exe.run, spec.name, seq, attempt, exc, policy.delay(attempt))
-                    time.sleep(policy.delay(attempt))
+                    _async.pause(policy.delay(attempt))
                     continue
-                output = exe.encode(spec.name, value)
                 input_hash = _loose_hash(args, kwargs)
-                return exe.commit(
-                    seq, spec.name, "step", input_hash, output, attempt=attempt, started=started
-                )
+                return exe.complete(seq, spec.name, input_hash, value, attempt=attempt, started=started)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def joins(self, db: object) -> bool:
+        """True when writes on ``db`` can join this run's step transactions (the stores share it).
+
+        A step function then returns a :class:`~statekeep.workflow.execution.Finish`
+        that writes through ``tx.connection(db)``: its writes and the step's
+        completion commit in one transaction.
+        """
+        return self.execution.store.shares(db)
 
     def set_state(self, state: pydantic.BaseModel) -> None:
         """Stage a working-state version; it commits with the next step's completion."""
@@ -162,12 +170,20 @@ class RunContext:
 class AsyncRunContext:
     """What an ``async`` workflow receives: the same operations, awaitable.
 
-    Each method runs the one sync implementation in a thread; ``async`` step
-    functions and tools are awaited back on the workflow's own event loop.
+    Each method runs the one sync implementation, driven on the workflow's event
+    loop (:mod:`statekeep._async`): its statements go through the async driver and
+    ``async`` step functions and tools are awaited on the loop. Without the
+    ``async`` extra it runs in a thread instead.
     """
 
     def __init__(self, ctx: RunContext) -> None:
         self.sync = ctx
+        db = getattr(ctx.execution.store, "db", None)
+        self._driven = bool(getattr(db, "async_capable", False))
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        call = partial(fn, *args, **kwargs)
+        return await (_async.drive(call) if self._driven else asyncio.to_thread(call))
 
     @property
     def run_id(self) -> str:
@@ -183,23 +199,23 @@ class AsyncRunContext:
         **kwargs: P.kwargs,
     ) -> T:
         """Awaitable :meth:`RunContext.step`."""
-        return await asyncio.to_thread(self.sync.step, name, fn, *args, **kwargs)  # type: ignore[arg-type]
+        return await self._call(self.sync.step, name, fn, *args, **kwargs)
 
     async def call_tool(self, tool: Tool[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Awaitable :meth:`RunContext.call_tool`."""
-        return await asyncio.to_thread(self.sync.call_tool, tool, *args, **kwargs)
+        return await self._call(self.sync.call_tool, tool, *args, **kwargs)
 
     async def child(self, workflow: Workflow[P, T], run_id: str, /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Awaitable :meth:`RunContext.child`."""
-        return await asyncio.to_thread(self.sync.child, workflow, run_id, *args, **kwargs)
+        return await self._call(self.sync.child, workflow, run_id, *args, **kwargs)
 
     async def sleep(self, name: str, seconds: float | None = None, *, until: datetime | None = None) -> None:
         """Awaitable :meth:`RunContext.sleep`."""
-        await asyncio.to_thread(self.sync.sleep, name, seconds, until=until)
+        await self._call(self.sync.sleep, name, seconds, until=until)
 
     async def wait_for_event(self, name: str, *, timeout: float | None = None, default: Any = None) -> Any:
         """Awaitable :meth:`RunContext.wait_for_event`."""
-        return await asyncio.to_thread(self.sync.wait_for_event, name, timeout=timeout, default=default)
+        return await self._call(self.sync.wait_for_event, name, timeout=timeout, default=default)
 
     def set_state(self, state: pydantic.BaseModel) -> None:
         """See :meth:`RunContext.set_state`."""
@@ -207,7 +223,7 @@ class AsyncRunContext:
 
     async def state(self, model: type[M]) -> M | None:
         """Awaitable :meth:`RunContext.state`."""
-        return await asyncio.to_thread(self.sync.state, model)
+        return await self._call(self.sync.state, model)
 
     def fast_forward(self) -> Checkpoint | None:
         """See :meth:`RunContext.fast_forward` (no I/O)."""

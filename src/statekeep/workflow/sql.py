@@ -346,6 +346,9 @@ class SQLWorkflowStore(WorkflowStore):
             )
             return bool(conn.execute(q).rowcount == 1)
 
+    def shares(self, db: object) -> bool:
+        return db is self.db
+
     @contextmanager
     def fenced(self, run: Run) -> Iterator[SQLRunWrite]:
         self._prepare(run.owner)

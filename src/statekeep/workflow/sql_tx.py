@@ -75,6 +75,9 @@ class SQLRunWrite(RunWrite):
     def _seal(self, text: str) -> str:
         return seal(self.keys, self.run.owner, text)
 
+    def connection(self, db: object) -> Connection | None:
+        return self.conn if db is self.db else None
+
     def record_step(self, step: StepRecord) -> None:
         params = {"rid": step.run_id, "ep": self.run.epoch, "seq": step.seq, "sv": step.state_version}
         # the fence again, with the checkpoint: a stale worker hears "lease lost", never a key clash
