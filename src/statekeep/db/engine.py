@@ -7,10 +7,13 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statekeep import _async
 from statekeep._extras import requires
@@ -109,7 +112,7 @@ class Database:
         # an in-memory SQLite database lives in one connection: no second engine can see it
         memory = self.dialect.name == "sqlite" and self.url.database in (None, "", ":memory:")
         self._async_ok = not memory and not ({"poolclass", "creator", "module"} & kw.keys())
-        self._async_engines: dict[asyncio.AbstractEventLoop, Any] = {}
+        self._async_engines: dict[asyncio.AbstractEventLoop, AsyncEngine] = {}
         #: schema translation for stores: ``{"statekeep_working": None}`` on SQLite.
         self._schema_map: dict[str | None, str | None] = {}
 
@@ -165,7 +168,7 @@ class Database:
             self.dialect.configure(engine.sync_engine)
             self._async_engines[loop] = engine
             _async.at_end(loop, self._close_async)
-        return engine.sync_engine  # type: ignore[no-any-return]
+        return engine.sync_engine
 
     async def _close_async(self, loop: asyncio.AbstractEventLoop) -> None:
         engine = self._async_engines.pop(loop, None)

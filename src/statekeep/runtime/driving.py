@@ -122,7 +122,11 @@ class Driver:
         """:meth:`adrive`, yielding its events as they happen."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Any] = asyncio.Queue()
-        inv.sink = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)
+
+        def sink(event: Any) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        inv.sink = sink
         inv.loop = loop
 
         async def run() -> None:

@@ -384,6 +384,7 @@ class AgentSteps:
 
         def finish(tx: RunWrite) -> T:
             conn = tx.connection(db)
+            assert conn is not None  # ctx.joins(db) said this transaction has it
             event = context.append_in(conn, state.session_id, message, key=key, owner=state.owner)
             return then(event)
 
