@@ -404,13 +404,18 @@ class WorkflowStore(ABC):
         kind: str | None = None,
         action: str | None = None,
     ) -> list[Approval]:
-        """Approvals filtered by status (``pending`` by default; None for all), run, kind or action."""
+        """Approvals filtered by status (``pending`` by default; None for all), run, kind or action.
+
+        Raises:
+            InvalidInputError: a filter that is not a storable, non-empty string.
+        """
 
     @abstractmethod
     def approval(self, approval_id: str) -> Approval:
         """One approval by id.
 
         Raises:
+            InvalidInputError: ``approval_id`` is not an id.
             ApprovalNotFoundError: no such approval.
         """
 
@@ -422,11 +427,29 @@ class WorkflowStore(ABC):
     def decide(
         self, approval_id: str, *, approve: bool, by: str, comment: str | None = None, result: Any = None
     ) -> Approval:
-        """Record a person's decision, once, and make the run runnable again."""
+        """Record a person's decision, once, and make the run runnable again.
+
+        For an ``ambiguous`` tool call, approve means "it did not happen: run it";
+        reject means "it happened", and ``result`` becomes the call's output.
+
+        Raises:
+            InvalidInputError: a bad id, ``by`` empty, ``approve`` not a bool, ``comment``
+                not storable text, or ``result`` not JSON; nothing was written.
+            ApprovalNotFoundError: no such approval.
+            ApprovalDecidedError: the approval was already decided or withdrawn.
+            ApprovalExpiredError: the approval expired (now or before); it is recorded as
+                expired and fails closed.
+        """
 
     @abstractmethod
     def send_event(self, run_id: str, name: str, payload: Any = None) -> None:
-        """Deliver a named event to a run: woken if it waits for it, kept until it does otherwise."""
+        """Deliver a named event to a run: woken if it waits for it, kept until it does otherwise.
+
+        Raises:
+            InvalidInputError: empty name or non-JSON payload; nothing was written.
+            RunNotFoundError: no such run.
+            RunFinishedError: the run has finished; the event is refused.
+        """
 
     # --- retention ------------------------------------------------------------------------
 

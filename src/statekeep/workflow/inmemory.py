@@ -54,6 +54,7 @@ from statekeep.workflow.rules import (
     forked_key,
     last_set,
     purge_selection,
+    same_run,
 )
 from statekeep.working.base import check_run_id
 
@@ -97,13 +98,7 @@ class InMemoryWorkflowStore(WorkflowStore):
                 row = RunRow(**{**fields, "created_at": stamp, "updated_at": stamp})
                 stored = self._tables.runs[row.run_id] = Stored(row)
             found = run_record(stored.row)
-        if found.workflow != run["workflow"]:
-            raise RunConflictError(
-                found.run_id, f"belongs to workflow {found.workflow!r}, not {run['workflow']!r}"
-            )
-        if codec.digest(found.input) != run["input_hash"]:
-            raise RunConflictError(found.run_id, "was started with another input")
-        return found
+        return same_run(found, run)
 
     def find(self, run_id: str) -> Run | None:
         check_run_id(run_id)
@@ -181,12 +176,11 @@ class InMemoryWorkflowStore(WorkflowStore):
                 )
             taken = self._tables.runs.get(new_id)
             if taken is not None:
-                existing = run_record(taken.row)
-                same = (
+                existing = run_record(taken.row)  # forking again with the same input returns the fork
+                if (
                     existing.workflow == source.row.workflow
                     and codec.digest(existing.input) == run["input_hash"]
-                )
-                if same:
+                ):
                     return existing
                 raise RunConflictError(new_id, "is taken by another run")
             forked = self._copy(source, new_id, at_seq, run)
@@ -315,11 +309,6 @@ class InMemoryWorkflowStore(WorkflowStore):
         kind: str | None = None,
         action: str | None = None,
     ) -> list[Approval]:
-        """Approvals filtered by status (``pending`` by default; None for all), run, kind or action.
-
-        Raises:
-            InvalidInputError: a filter that is not a storable, non-empty string.
-        """
         wanted = check_approval_filters(status, run_id, kind, action)
         with self._lock:
             found = [
@@ -332,12 +321,6 @@ class InMemoryWorkflowStore(WorkflowStore):
             return [approval_record(a) for a in found]
 
     def approval(self, approval_id: str) -> Approval:
-        """One approval by id.
-
-        Raises:
-            InvalidInputError: ``approval_id`` is not an id.
-            ApprovalNotFoundError: no such approval.
-        """
         check_id(approval_id, "approval_id")
         with self._lock:
             return approval_record(self._tables.approval(approval_id))
@@ -353,19 +336,6 @@ class InMemoryWorkflowStore(WorkflowStore):
     def decide(
         self, approval_id: str, *, approve: bool, by: str, comment: str | None = None, result: Any = None
     ) -> Approval:
-        """Record a person's decision, once, and make the run runnable again.
-
-        For an ``ambiguous`` tool call, approve means "it did not happen: run it";
-        reject means "it happened", and ``result`` becomes the call's output.
-
-        Raises:
-            InvalidInputError: a bad id, ``by`` empty, ``approve`` not a bool, ``comment``
-                not storable text, or ``result`` not JSON; nothing was written.
-            ApprovalNotFoundError: no such approval.
-            ApprovalDecidedError: the approval was already decided or withdrawn.
-            ApprovalExpiredError: the approval expired (now or before); it is recorded as
-                expired and fails closed.
-        """
         encoded = check_decision(approval_id, approve, by, comment, result)
         with self._lock:
             current = self._tables.approval(approval_id)
@@ -391,13 +361,6 @@ class InMemoryWorkflowStore(WorkflowStore):
         return approval_record(decided)
 
     def send_event(self, run_id: str, name: str, payload: Any = None) -> None:
-        """Deliver a named event to a run: woken if it waits for it, kept until it does otherwise.
-
-        Raises:
-            InvalidInputError: empty name or non-JSON payload; nothing was written.
-            RunNotFoundError: no such run.
-            RunFinishedError: the run has finished; the event is refused.
-        """
         check_run_id(run_id)
         text = check_event(name, payload)
         with self._lock:

@@ -1,9 +1,10 @@
 """What every workflow-store backend decides the same way, whatever holds its rows.
 
 Checks of the arguments that arrive from people (a decision, an event, a
-retention policy) and the pure choices a backend makes over its rows (which
-finished runs retention deletes, how a fork renames idempotency keys, which
-checkpoint a fork starts from), written once for the SQL and in-memory backends.
+retention policy) and the pure choices a backend makes over its rows (whether a
+stored run is the one being opened again, which finished runs retention
+deletes, how a fork renames idempotency keys, which checkpoint a fork starts
+from), written once for the SQL and in-memory backends.
 """
 
 from __future__ import annotations
@@ -13,9 +14,25 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from statekeep._check import check_duration, check_id, check_int, check_storable
-from statekeep.errors import InvalidInputError
+from statekeep.errors import InvalidInputError, RunConflictError
 from statekeep.workflow import codec
+from statekeep.workflow._types import Run
 from statekeep.workflow.base import APPROVAL_STATUSES, now
+
+
+def same_run(stored: Run, run: dict[str, Any]) -> Run:
+    """``stored``, when it is the run that ``run`` (the fields of :meth:`WorkflowStore.open_run`) opens.
+
+    Raises:
+        RunConflictError: ``stored`` belongs to another workflow or was started with another input.
+    """
+    if stored.workflow != run["workflow"]:
+        raise RunConflictError(
+            stored.run_id, f"belongs to workflow {stored.workflow!r}, not {run['workflow']!r}"
+        )
+    if codec.digest(stored.input) != run["input_hash"]:
+        raise RunConflictError(stored.run_id, "was started with another input")
+    return stored
 
 
 def check_decision(approval_id: str, approve: bool, by: str, comment: str | None, result: Any) -> str:
@@ -139,4 +156,5 @@ __all__ = [
     "forked_key",
     "last_set",
     "purge_selection",
+    "same_run",
 ]
