@@ -199,8 +199,9 @@ class WorkflowStore(ABC):
     """The workflow store: runs, leases, the journal, the ledger, approvals and events.
 
     :class:`~statekeep.workflow.SQLWorkflowStore` is the backend for SQLite and
-    PostgreSQL. Reads take a run id; every write of a running worker goes through
-    :meth:`fenced`.
+    PostgreSQL; :class:`~statekeep.workflow.InMemoryWorkflowStore` the reference
+    in process memory. Reads take a run id; every write of a running worker goes
+    through :meth:`fenced`.
     """
 
     # --- runs -----------------------------------------------------------------------------
