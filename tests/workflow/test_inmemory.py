@@ -28,7 +28,7 @@ def test_records_read_back_are_decoded_copies_never_the_stored_values() -> None:
 
 
 def test_threads_taking_one_run_over_each_other_journal_every_step_once() -> None:
-    """Workers in threads resuming one run at once: stale holders are fenced, the journal has each step once."""
+    """Threads resuming one run at once: stale holders are fenced, the journal has each step once."""
     store = InMemoryWorkflowStore()
     registry = Registry()
 
