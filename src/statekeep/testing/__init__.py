@@ -21,6 +21,7 @@ import pytest
 # the suites' asserts should explain a failure the way a test module's do
 pytest.register_assert_rewrite(
     "statekeep.testing.context",
+    "statekeep.testing._context_log",
     "statekeep.testing.memory",
     "statekeep.testing.workflow",
     "statekeep.testing.working",

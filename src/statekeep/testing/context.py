@@ -22,6 +22,7 @@ from statekeep.context import (
 )
 from statekeep.context._log import LogView
 from statekeep.context._types import Event
+from statekeep.testing._context_log import MarkerSuite
 from statekeep.context.summarize import input_hash
 from statekeep.context.tokens import REPLY_OVERHEAD
 from statekeep.context.window import is_well_paired
@@ -111,7 +112,7 @@ class _CountingView:
         return counted
 
 
-class ContextStoreSuite:
+class ContextStoreSuite(MarkerSuite):
     """The invariants of a :class:`~statekeep.context.ContextStore` backend.
 
     Subclass it as ``Test...`` and define the fixture ``make_store``: a function
