@@ -23,6 +23,7 @@ pytest.register_assert_rewrite(
     "statekeep.testing.context",
     "statekeep.testing._context_log",
     "statekeep.testing.memory",
+    "statekeep.testing._memory_exact",
     "statekeep.testing.workflow",
     "statekeep.testing.working",
 )

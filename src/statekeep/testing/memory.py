@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from statekeep.testing._memory_exact import ExactSuite
 from statekeep.errors import ConflictError, InvalidInputError, MemoryNotFoundError, StatekeepError
 from statekeep.memory import (
     Embedder,
@@ -44,7 +45,7 @@ class _Clock:
         return self.now
 
 
-class MemoryStoreSuite:
+class MemoryStoreSuite(ExactSuite):
     """The invariants of a :class:`~statekeep.memory.MemoryStore` backend.
 
     Subclass it as ``Test...`` and define the fixture ``make_store``: a function
