@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 from statekeep.db import Database
 from statekeep.errors import InvalidInputError
 from statekeep.integrations._extras import missing
+from statekeep.workflow import SQLWorkflowStore, WorkflowStore
 
 try:
     from langchain_core.runnables import RunnableConfig
@@ -38,11 +39,13 @@ try:
     )
     from langgraph.checkpoint.serde.base import SerializerProtocol
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+    from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise missing("langgraph", "statekeep.integrations.langgraph", exc) from exc
 
 from statekeep.integrations.langgraph import _sql
 from statekeep.integrations.langgraph._lists import Lists
+from statekeep.integrations.langgraph._runs import ThreadRuns
 from statekeep.integrations.langgraph._tables import checkpoints, setup
 
 __all__ = ["StatekeepSaver"]
@@ -65,18 +68,33 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         >>> saver.get_tuple({"configurable": {"thread_id": "t1"}}) is None
         True
 
+    Each thread is also a run of the workflow store (``langgraph:<thread_id>``), so
+    ``statekeep runs list``, the console and the webhook see LangGraph threads
+    beside statekeep's own runs.
+
     Args:
         db: a :class:`~statekeep.db.Database` or a database URL (SQLite or PostgreSQL).
         serde: LangGraph serializer; default ``JsonPlusSerializer()`` (no pickle).
+        runs: where threads are recorded as runs: True (default) for a workflow store
+            on the same database, a :class:`~statekeep.workflow.WorkflowStore`
+            (another database, a key ring), or False for nowhere.
     """
 
-    def __init__(self, db: Database | str, *, serde: SerializerProtocol | None = None) -> None:
+    def __init__(
+        self,
+        db: Database | str,
+        *,
+        serde: SerializerProtocol | None = None,
+        runs: WorkflowStore | bool = True,
+    ) -> None:
         super().__init__(serde=serde or JsonPlusSerializer(pickle_fallback=False))
         if getattr(self.serde, "pickle_fallback", False):
             raise InvalidInputError("a serializer with a pickle fallback is refused", field="serde")
         self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_DATABASE_URL")
         setup(self.db)
         self._sql = _sql.Statements.build(self.db.dialect.insert)
+        store = SQLWorkflowStore(self.db) if runs is True else runs or None
+        self.runs = None if store is None else ThreadRuns(store)
         self._lists = Lists()
         # one writer at a time on SQLite: LangGraph writes from several threads, and a writer
         # queued on a lock wakes at once where SQLite's busy handler would sleep
@@ -144,6 +162,8 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         serialized = {
             k: self.serde.dumps_typed(values[k]) if k in values else (_sql.EMPTY, None) for k in new_versions
         }
+        if self.runs is not None:
+            self.runs.writing(thread_id)
         with self._writing("saving a LangGraph checkpoint") as conn:
             blob_rows = [
                 self._lists.blob_row(conn, (thread_id, ns), k, str(v), serialized[k], parent_id)
@@ -182,6 +202,12 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
                 conn.execute(self._sql.put_writes, regular)
             for row in special:
                 conn.execute(self._sql.replace_write, row)
+        if self.runs is not None and special:
+            channels = {r["channel"] for r in special}
+            if RESUME in channels:
+                self.runs.resumed(base["thread_id"])
+            if INTERRUPT in channels:
+                self.runs.interrupted(base["thread_id"])
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -264,6 +290,8 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         with self._writing("deleting a LangGraph thread") as conn:
             _sql.delete_thread(conn, str(thread_id))
         self._lists.forget([str(thread_id)])
+        if self.runs is not None:
+            self.runs.deleted([str(thread_id)])
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints these runs wrote, their writes, and the blobs nothing reaches any more."""
