@@ -599,7 +599,7 @@ def serve(
 
     with requires("web", "statekeep serve"):
         import uvicorn
-    from statekeep._json import parse
+    from statekeep._check import parse
     from statekeep.web import Stores, check_config, create_app
 
     _configure_logs(log_level, log_format)

@@ -21,7 +21,11 @@ def test_clear_appends_a_marker_the_builder_and_the_session_start_after(database
     """clear_session deletes nothing: it appends a marker event; get_items and build both start after it."""
     store = SQLContextStore(database_url)
     session = StatekeepSession("c1", store, owner="alice")
-    asyncio.run(session.add_items([{"role": "user", "content": "my pin is 1234"}, {"role": "assistant", "content": "noted"}]))
+    asyncio.run(
+        session.add_items(
+            [{"role": "user", "content": "my pin is 1234"}, {"role": "assistant", "content": "noted"}]
+        )
+    )
     store.compact("c1")  # a summary of the cleared conversation must not reach the model either
     before = store.events("c1")
     asyncio.run(session.clear_session())
@@ -49,4 +53,6 @@ def test_pop_appends_a_rewind_marker_and_the_rest_again(database_url: str) -> No
     assert events[count].marker.reason == REWOUND
     assert asyncio.run(session.get_items()) == items[:2]
     assert _said(store, "p1") == ["message 0", "message 1"]
-    assert asyncio.run(StatekeepSession("p1", store).get_items()) == items[:2]  # another process sees the same
+    assert (
+        asyncio.run(StatekeepSession("p1", store).get_items()) == items[:2]
+    )  # another process sees the same

@@ -10,7 +10,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
+
+from statekeep._check import check_json, check_number, check_unicode
 
 # The memory item is defined beside its renderer, which the memory store shares.
 from statekeep._memory_block import MEMORY_SOURCES as MEMORY_SOURCES
@@ -285,3 +287,121 @@ class ContextReport:
     def sections(self) -> dict[str, int]:
         """Tokens per section, in prompt order."""
         return {s: getattr(self, s) for s in SECTIONS}
+
+
+# -- checks of records from callers (a Message or a mapping in the same shape) ------------
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def to_message(message: object) -> Message:
+    """Accept a :class:`Message` or a mapping in the same (provider-neutral) shape, and check it."""
+    if isinstance(message, Mapping):
+        message = _from_mapping(message)
+    if not isinstance(message, Message):
+        raise InvalidInputError(
+            f"expected a Message or a mapping, got {type(message).__name__}", field="message"
+        )
+    _check_shape(message)
+    _check_json(message.to_json())
+    return message
+
+
+def _from_mapping(data: Mapping[str, Any]) -> Message:
+    if "role" not in data:
+        raise InvalidInputError("a message mapping needs a 'role'", field="message.role")
+    calls = data.get("tool_calls") or ()
+    if not isinstance(calls, list | tuple) or not all(isinstance(c, Mapping) for c in calls):
+        raise InvalidInputError(
+            "must be a list of {id, name, arguments} mappings", field="message.tool_calls"
+        )
+    if data.get("is_error") is not None and not isinstance(data["is_error"], bool):
+        raise InvalidInputError("must be True or False", field="message.is_error")
+    for call in calls:
+        arguments = call.get("arguments")
+        if arguments is not None and not isinstance(arguments, Mapping):
+            raise InvalidInputError(
+                "must be a mapping (decode a JSON string of arguments first)", field="tool_call.arguments"
+            )
+    try:
+        return Message.from_json(data)
+    except (KeyError, TypeError) as exc:
+        raise InvalidInputError(f"malformed message: missing or bad {exc}", field="message") from exc
+
+
+def _check_shape(m: Message) -> None:
+    if m.role not in ROLES:
+        raise InvalidInputError(f"must be one of {ROLES}, got {m.role!r}", field="message.role")
+    if not isinstance(m.content, str):
+        raise InvalidInputError("must be a string", field="message.content")
+    if m.tool_calls and m.role != "assistant":
+        raise InvalidInputError("only assistant messages carry tool calls", field="message.tool_calls")
+    if (m.role == "tool") != (m.tool_call_id is not None):
+        raise InvalidInputError(
+            "a tool message, and only a tool message, names a call", field="message.tool_call_id"
+        )
+    if m.tool_call_id is not None and (not isinstance(m.tool_call_id, str) or not m.tool_call_id):
+        raise InvalidInputError("must be a non-empty string", field="message.tool_call_id")
+    if m.name is not None and (not isinstance(m.name, str) or not m.name):
+        raise InvalidInputError("must be a non-empty string or None", field="message.name")
+    if not isinstance(m.is_error, bool):
+        raise InvalidInputError("must be True or False", field="message.is_error")
+    if m.role == "assistant" and not m.content and not m.tool_calls:
+        raise InvalidInputError("an assistant message needs content or tool calls", field="message")
+    _check_calls(m.tool_calls)
+
+
+def _check_calls(calls: tuple[ToolCall, ...]) -> None:
+    ids: set[str] = set()
+    for call in calls:
+        if not isinstance(call, ToolCall):
+            raise InvalidInputError("each tool call must be a ToolCall", field="message.tool_calls")
+        if not isinstance(call.id, str) or not call.id or call.id in ids:
+            raise InvalidInputError(
+                f"call ids must be unique non-empty strings, got {call.id!r}", field="tool_call.id"
+            )
+        if not isinstance(call.name, str) or not call.name:
+            raise InvalidInputError("must be a non-empty string", field="tool_call.name")
+        if not isinstance(call.arguments, Mapping):
+            raise InvalidInputError("must be a mapping", field="tool_call.arguments")
+        ids.add(call.id)
+
+
+def _check_json(payload: dict[str, Any]) -> None:
+    check_json(payload, "message")  # depth and lone surrogates, before json.dumps can recurse
+    try:
+        text = json.dumps(payload, allow_nan=False, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"not JSON-safe: {exc}", field="message") from exc
+    if json.loads(text) != payload:
+        raise InvalidInputError("does not survive a JSON round trip unchanged", field="message")
+
+
+def to_memory(item: object) -> MemoryItem:
+    """Accept a :class:`MemoryItem`, a mapping, or any object with the same attribute names."""
+    if isinstance(item, MemoryItem):
+        data: Mapping[str, Any] = {f: getattr(item, f) for f in MemoryItem.__dataclass_fields__}
+    elif isinstance(item, Mapping):
+        data = item
+    else:
+        data = {f: getattr(item, f, None) for f in MemoryItem.__dataclass_fields__}
+    content, source = data.get("content"), data.get("source") or "agent_inferred"
+    if not isinstance(content, str) or not content.strip():
+        raise InvalidInputError("a memory needs non-empty text content", field="memories.content")
+    check_unicode(content, "memories.content")
+    if source not in MEMORY_SOURCES:
+        raise InvalidInputError(f"must be one of {MEMORY_SOURCES}, got {source!r}", field="memories.source")
+    ids = {k: data.get(k) for k in ("session_id", "run_id", "event_id", "memory_id")}
+    for key, value in ids.items():
+        if value is not None and not isinstance(value, str | int):
+            raise InvalidInputError("must be a string, an int or None", field=f"memories.{key}")
+        if isinstance(value, str):
+            check_unicode(value, f"memories.{key}")
+    kind, trust = data.get("kind"), data.get("trust")
+    if kind is not None and (not isinstance(kind, str) or not kind):
+        raise InvalidInputError("must be a non-empty string or None", field="memories.kind")
+    if kind is not None:
+        check_unicode(kind, "memories.kind")
+    if trust is not None:
+        check_number(trust, "memories.trust")
+    return MemoryItem(content, cast(MemorySource, source), **ids, kind=kind, trust=trust)

@@ -7,12 +7,13 @@ page, only until the window budget is exceeded: O(window), never O(history).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from statekeep._check import check_id, check_int, check_json, check_unicode
 from statekeep._memory_block import render_memories
-from statekeep._text import check_unicode
 from statekeep.context import compaction
 from statekeep.context._log import Head, LogView, check_reader, summary_event
 from statekeep.context._types import (
@@ -24,12 +25,18 @@ from statekeep.context._types import (
     LogEntry,
     MemoryItem,
     Message,
+    to_memory,
 )
 from statekeep.context.render import render_pinned, render_summary, to_anthropic, to_openai
 from statekeep.context.tokens import REPLY_OVERHEAD, TokenCounter, message_tokens, text_tokens
-from statekeep.context.validate import check_budget, check_pinned, check_session_id, to_memory
 from statekeep.context.window import TokensOf, Window, enforce_pairing, select_window
-from statekeep.errors import ContextBudgetError, ContextError, InvalidInputError
+from statekeep.errors import (
+    ContextBudgetError,
+    EventsPrunedError,
+    InvalidInputError,
+    SummaryConflictError,
+    SummaryError,
+)
 
 if TYPE_CHECKING:
     from statekeep.context.base import ContextStore
@@ -107,8 +114,8 @@ def build(
     owner: str | None = None,
 ) -> BuiltContext:
     """See :meth:`ContextStore.build`."""
-    check_session_id(session_id)
-    check_budget(budget)
+    check_id(session_id, "session_id")
+    check_int(budget, "budget", minimum=1)
     pinned = check_pinned(pinned)
     items = _memories(memories)
     rounds = MAX_ROUNDS if compact else 0
@@ -313,7 +320,7 @@ def _compact(
         if not plan.events:
             return False, None
         compaction.fold(store, session_id, plan, store.summarizer, store.counter)
-    except ContextError as exc:
+    except (SummaryError, SummaryConflictError, EventsPrunedError) as exc:
         return False, str(exc)
     return True, None
 
@@ -346,3 +353,23 @@ def _assemble(
         orphans_dropped=window.dropped_events + removed,
     )
     return BuiltContext(tuple(messages), report)
+
+
+def check_pinned(pinned: object) -> str | Mapping[str, Any] | None:
+    """Pinned state: None, text, or a JSON-safe mapping."""
+    if pinned is None:
+        return pinned
+    if isinstance(pinned, str):
+        return check_unicode(pinned, "pinned")
+    if not isinstance(pinned, Mapping):
+        raise InvalidInputError(f"must be text or a mapping, got {type(pinned).__name__}", field="pinned")
+    check_json(pinned, "pinned")
+    try:
+        json.dumps(pinned, allow_nan=False, sort_keys=True, default=_no_default, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"not JSON-safe: {exc}", field="pinned") from exc
+    return pinned
+
+
+def _no_default(value: object) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON-safe")

@@ -13,7 +13,16 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from statekeep.context._log import Draft, Head, LogView, summary_event
-from statekeep.context._types import MARKER, MESSAGE_KINDS, SUMMARY, TOOL_CALL, TOOL_RESULT, Event, LogEntry, Summary
+from statekeep.context._types import (
+    MARKER,
+    MESSAGE_KINDS,
+    SUMMARY,
+    TOOL_CALL,
+    TOOL_RESULT,
+    Event,
+    LogEntry,
+    Summary,
+)
 from statekeep.context.render import render_summary
 from statekeep.context.summarize import Summarizer, input_hash
 from statekeep.context.tokens import TokenCounter, text_tokens

@@ -37,7 +37,11 @@ class ExactSuite:
         stored = store.insert(rows, vectors)
         assert [m.id for m in stored] == ["ext-0", "ext-1", "ext-2"]
         got = store.get("alice", "ext-1")
-        assert (got.content, got.tags, dict(got.metadata)) == ("imported fact number 1", ("imported",), {"source": "test"})
+        assert (got.content, got.tags, dict(got.metadata)) == (
+            "imported fact number 1",
+            ("imported",),
+            {"source": "test"},
+        )
         query = np.zeros(store.embedder.dimension, dtype=np.float32)
         query[1] = 1.0
         hits = store.search("alice", "anything", k=1, vector=query.tolist())

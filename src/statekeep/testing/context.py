@@ -22,7 +22,6 @@ from statekeep.context import (
 )
 from statekeep.context._log import LogView
 from statekeep.context._types import Event
-from statekeep.testing._context_log import MarkerSuite
 from statekeep.context.summarize import input_hash
 from statekeep.context.tokens import REPLY_OVERHEAD
 from statekeep.context.window import is_well_paired
@@ -35,6 +34,7 @@ from statekeep.errors import (
     SummaryError,
     SummaryNotFoundError,
 )
+from statekeep.testing._context_log import MarkerSuite
 
 #: Opens a store over the test's data; options are :class:`ContextStore`'s keyword arguments.
 ContextStoreFactory = Callable[..., ContextStore]

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from statekeep.testing._memory_exact import ExactSuite
 from statekeep.errors import ConflictError, InvalidInputError, MemoryNotFoundError, StatekeepError
 from statekeep.memory import (
     Embedder,
@@ -19,6 +18,7 @@ from statekeep.memory import (
     Provenance,
     render_memories,
 )
+from statekeep.testing._memory_exact import ExactSuite
 
 #: Opens a store over the test's data: ``make_store(embedder, **options)``.
 MemoryStoreFactory = Callable[..., MemoryStore]

@@ -20,8 +20,7 @@ from typing import Any
 
 import pydantic
 
-from statekeep._numbers import check_int
-from statekeep._text import check_id
+from statekeep._check import check_id, check_int, check_text
 from statekeep.errors import InvalidInputError
 from statekeep.workflow._types import (
     Approval,
@@ -102,7 +101,7 @@ def check_run_filters(
     if text is not None:
         if not isinstance(text, str):
             raise InvalidInputError("must be a string or None", field="text")
-        text = check_id(text, "text", 1000) if text.strip() else None
+        text = check_text(text, "text", limit=1000) if text.strip() else None
     ids = None if run_ids is None else [check_id(r, "run_ids") for r in run_ids]
     return owners, text, ids
 

@@ -23,8 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from statekeep._numbers import check_duration, check_int
-from statekeep._text import check_id, check_storable
+from statekeep._check import check_duration, check_id, check_int, check_storable
 from statekeep.db import Database
 from statekeep.errors import (
     ApprovalDecidedError,

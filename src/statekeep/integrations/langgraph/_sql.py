@@ -41,7 +41,9 @@ class Statements:
         upsert = insert(checkpoints)
         upsert = upsert.on_conflict_do_update(
             index_elements=list(_CHECKPOINT_KEY[:3]),
-            set_={c.name: upsert.excluded[c.name] for c in checkpoints.c if c.name not in _CHECKPOINT_KEY[:2]},
+            set_={
+                c.name: upsert.excluded[c.name] for c in checkpoints.c if c.name not in _CHECKPOINT_KEY[:2]
+            },
         )
         replace = insert(writes_t)
         replace = replace.on_conflict_do_update(
@@ -78,7 +80,9 @@ def blob_exists(conn: Connection, thread_id: str, ns: str, channel: str, version
     return conn.execute(_EXISTS, params).first() is not None
 
 
-def channel_version(conn: Connection, thread_id: str, ns: str, checkpoint_id: str, channel: str) -> str | None:
+def channel_version(
+    conn: Connection, thread_id: str, ns: str, checkpoint_id: str, channel: str
+) -> str | None:
     """The version of ``channel`` that a stored checkpoint names, None if none (or no such checkpoint)."""
     params = {"thread_id": thread_id, "ns": ns, "checkpoint_id": checkpoint_id}
     versions = conn.execute(_VERSIONS, params).scalar_one_or_none()
@@ -93,7 +97,14 @@ def load_channels(
     if not versions:
         return {}
     keys = [(k, str(v)) for k, v in versions.items()]
-    columns = (blobs.c.channel, blobs.c.version, blobs.c.type, blobs.c.blob, blobs.c.base_version, blobs.c.added)
+    columns = (
+        blobs.c.channel,
+        blobs.c.version,
+        blobs.c.type,
+        blobs.c.blob,
+        blobs.c.base_version,
+        blobs.c.added,
+    )
     where = (blobs.c.thread_id == thread_id, blobs.c.checkpoint_ns == ns)
     rows = conn.execute(
         sa.select(*columns).where(*where, sa.tuple_(blobs.c.channel, blobs.c.version).in_(keys))

@@ -195,7 +195,13 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         special: builtins.list[dict[str, Any]] = []
         for idx, (channel, value) in enumerate(writes):
             type_, data = self.serde.dumps_typed(value)
-            row = {**base, "idx": WRITES_IDX_MAP.get(channel, idx), "channel": channel, "type": type_, "blob": data}
+            row = {
+                **base,
+                "idx": WRITES_IDX_MAP.get(channel, idx),
+                "channel": channel,
+                "type": type_,
+                "blob": data,
+            }
             (special if channel in WRITES_IDX_MAP else regular).append(row)
         with self._writing("saving LangGraph writes") as conn:
             if regular:
