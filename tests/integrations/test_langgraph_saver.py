@@ -107,7 +107,7 @@ class Ask(TypedDict):
 
 
 def test_threads_are_runs_the_cli_lists(database_url: str) -> None:
-    """A thread is the run langgraph:<thread>: running, waiting at an interrupt, running on resume, gone on delete."""
+    """A thread is the run langgraph:<thread>: waiting at an interrupt, running on resume, gone on delete."""
     import os
     import subprocess
     import sys
@@ -136,7 +136,8 @@ def test_threads_are_runs_the_cli_lists(database_url: str) -> None:
         env={**os.environ, "COLUMNS": "250"},
     )
     assert listed.returncode == 0, listed.stderr
-    assert "langgraph:t-int" in listed.stdout and "waiting_for_event" in listed.stdout
+    assert "langgraph:t-int" in listed.stdout
+    assert "waiting_for_event" in listed.stdout
     out = graph.invoke(Command(resume="yes"), config)
     assert out["answer"] == "yes"
     assert runs.get("langgraph:t-int").status == "running"

@@ -246,7 +246,8 @@ def _read_tail(
     """Newest events after ``floor`` until the units they open pass ``room``, or a marker.
 
     Returns the events (oldest first), True if all were read, the tokens
-    per event read, and the seq of the marker the read stopped at (None if none). Pages are sized to what is still missing, at ``per_event``
+    per event read, and the seq of the marker the read stopped at (None if none).
+    Pages are sized to what is still missing, at ``per_event``
     tokens per event (then at the rate read so far) plus a margin, so a build
     usually reads one page about the window's length: no second round trip,
     and few rows decoded for nothing.

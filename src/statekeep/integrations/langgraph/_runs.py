@@ -10,6 +10,7 @@ is registered with a statekeep worker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import uuid
@@ -91,10 +92,8 @@ class ThreadRuns:
             if found is None:
                 continue
             if not found.status.finished:
-                try:
+                with contextlib.suppress(RunFinishedError):  # finished meanwhile
                     self.store.cancel(found.run_id)
-                except RunFinishedError:  # finished meanwhile
-                    pass
             doomed.append(found.run_id)
         if doomed:
             self.store.delete_runs(doomed)
