@@ -112,6 +112,7 @@ def test_threads_are_runs_the_cli_lists(database_url: str) -> None:
     import subprocess
     import sys
 
+    from langchain_core.runnables import RunnableConfig
     from langgraph.types import Command, interrupt
 
     from statekeep.workflow import SQLWorkflowStore
@@ -125,7 +126,7 @@ def test_threads_are_runs_the_cli_lists(database_url: str) -> None:
     g.add_edge("ask", END)
     saver = StatekeepSaver(database_url)
     graph = g.compile(checkpointer=saver)
-    config = {"configurable": {"thread_id": "t-int"}}
+    config: RunnableConfig = {"configurable": {"thread_id": "t-int"}}
     graph.invoke({"question": "ship it?", "answer": ""}, config)
     runs = SQLWorkflowStore(database_url)
     assert runs.get("langgraph:t-int").status == "waiting_for_event"
@@ -138,7 +139,7 @@ def test_threads_are_runs_the_cli_lists(database_url: str) -> None:
     assert listed.returncode == 0, listed.stderr
     assert "langgraph:t-int" in listed.stdout
     assert "waiting_for_event" in listed.stdout
-    out = graph.invoke(Command(resume="yes"), config)
+    out = graph.invoke(Command[str](resume="yes"), config)
     assert out["answer"] == "yes"
     assert runs.get("langgraph:t-int").status == "running"
     saver.delete_thread("t-int")

@@ -62,7 +62,7 @@ class ExactSuite:
         assert store.list_memories("alice") == []
 
     def test_forget_many_erases_only_the_named_ids(self, store: MemoryStore) -> None:
-        """forget_many removes the ids named (unknown ones skipped) and leaves the rest; [] removes nothing."""
+        """forget_many removes the ids named (unknown ones skipped); the rest stay; [] removes nothing."""
         store.insert([_memory(store, "alice", f"m{i}", f"fact {i}") for i in range(3)])
         receipt = store.forget_many("alice", ["m0", "m2", "nope"])
         assert (receipt.removed, receipt.memory_ids) == (2, ("m0", "m2"))
