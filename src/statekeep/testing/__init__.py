@@ -18,13 +18,9 @@ The suites need pytest (it is not a dependency of ``import statekeep``). See
 
 import pytest
 
-# the suites' asserts should explain a failure the way a test module's do
-pytest.register_assert_rewrite(
-    "statekeep.testing.context",
-    "statekeep.testing.memory",
-    "statekeep.testing.workflow",
-    "statekeep.testing.working",
-)
+# the suites' asserts should explain a failure the way a test module's do (every
+# module below this package: the suites and the parts they are made of)
+pytest.register_assert_rewrite("statekeep.testing")
 
 from statekeep.testing.context import ContextStoreFactory, ContextStoreSuite  # noqa: E402
 from statekeep.testing.memory import MemoryStoreFactory, MemoryStoreSuite  # noqa: E402
