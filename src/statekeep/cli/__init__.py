@@ -17,7 +17,7 @@ import os
 
 import typer
 
-from statekeep._inspect import pretty, visible
+from statekeep._literal import pretty, visible
 from statekeep.cli import data, runs, serve, upkeep  # noqa: F401 - each registers its commands
 from statekeep.cli._common import OPENED, app, err_console, literal
 from statekeep.errors import StatekeepError

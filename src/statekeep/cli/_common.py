@@ -16,7 +16,8 @@ from rich.highlighter import JSONHighlighter
 from rich.table import Table
 from rich.text import Text
 
-from statekeep._inspect import open_memory, open_sql, visible
+from statekeep._literal import visible
+from statekeep._open import open_memory, open_sql
 from statekeep.config import Settings
 from statekeep.errors import InvalidInputError
 

@@ -11,7 +11,8 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from statekeep._inspect import open_memory, open_sql, visible
+from statekeep._literal import visible
+from statekeep._open import open_memory, open_sql
 
 if TYPE_CHECKING:
     pass
@@ -211,7 +212,8 @@ def context_show(
 ) -> None:
     """Exactly what the runtime would send the model next: system prompt, pinned task state,
     memories, summary and window, with tokens per section."""
-    from statekeep._inspect import find_sql, next_context
+    from statekeep._inspect import next_context
+    from statekeep._open import find_sql
     from statekeep.context import SQLContextStore
     from statekeep.errors import SessionOwnerError
     from statekeep.keys import open_key_ring
