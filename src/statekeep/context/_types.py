@@ -22,17 +22,19 @@ from statekeep.errors import InvalidInputError
 
 Role = Literal["system", "user", "assistant", "tool"]
 
-#: Event kinds. Message kinds follow from the message; ``summary_updated`` is written by compaction.
-SYSTEM, USER, ASSISTANT, TOOL_CALL, TOOL_RESULT, SUMMARY = (
+#: Event kinds. Message kinds follow from the message; ``summary_updated`` is written by
+#: compaction; a ``marker`` (:meth:`ContextStore.mark`) ends the conversation before it.
+SYSTEM, USER, ASSISTANT, TOOL_CALL, TOOL_RESULT, SUMMARY, MARKER = (
     "system",
     "user",
     "assistant",
     "tool_call",
     "tool_result",
     "summary_updated",
+    "marker",
 )
 MESSAGE_KINDS = (SYSTEM, USER, ASSISTANT, TOOL_CALL, TOOL_RESULT)
-KINDS = (*MESSAGE_KINDS, SUMMARY)
+KINDS = (*MESSAGE_KINDS, SUMMARY, MARKER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +168,27 @@ class Summary:
 
 
 @dataclass(frozen=True, slots=True)
+class Marker:
+    """A ``marker`` event: the conversation before it is over (cleared, or rewound and re-told).
+
+    The log keeps every event; the context builder and compaction start after the
+    latest marker, so neither the events nor a summary from before it reach the model.
+    """
+
+    reason: str
+    text: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The marker as a JSON-safe dict (the stored payload)."""
+        return {"reason": self.reason, "text": self.text}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Marker:
+        """Rebuild a marker from :meth:`to_json` output."""
+        return cls(str(data["reason"]), str(data.get("text") or ""))
+
+
+@dataclass(frozen=True, slots=True)
 class LogEntry:
     """An event as the context builder reads it: what it is, and its tokens, without timestamp or key.
 
@@ -186,8 +209,8 @@ class LogEntry:
         """The message of a message event (built once: entries and messages are immutable)."""
         message = self._message
         if message is None:
-            if self.kind == SUMMARY:
-                raise InvalidInputError(f"event {self.seq} is a summary, not a message", field="kind")
+            if self.kind not in MESSAGE_KINDS:
+                raise InvalidInputError(f"event {self.seq} is a {self.kind}, not a message", field="kind")
             message = Message.from_json(self.payload)
             object.__setattr__(self, "_message", message)
         return message
@@ -198,6 +221,13 @@ class LogEntry:
         if self.kind != SUMMARY:
             raise InvalidInputError(f"event {self.seq} is a {self.kind}, not a summary", field="kind")
         return Summary.from_json(self.payload)
+
+    @property
+    def marker(self) -> Marker:
+        """The marker of a ``marker`` event."""
+        if self.kind != MARKER:
+            raise InvalidInputError(f"event {self.seq} is a {self.kind}, not a marker", field="kind")
+        return Marker.from_json(self.payload)
 
     def call_ids(self) -> list[str]:
         """The ids of the tool calls a ``tool_call`` event carries (without building the message)."""

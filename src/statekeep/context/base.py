@@ -26,10 +26,18 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from statekeep._check import MAX_INT, check_id, check_int, check_number, check_optional_id
+from statekeep._check import (
+    MAX_INT,
+    check_id,
+    check_int,
+    check_number,
+    check_optional_id,
+    check_text,
+    check_unicode,
+)
 from statekeep.context import compaction
 from statekeep.context._log import Draft, Head, LogView, check_reader, summary_event
-from statekeep.context._types import Event, Message, Summary, to_message
+from statekeep.context._types import MARKER, Event, Marker, Message, Summary, to_message
 from statekeep.context.summarize import OfflineSummarizer, Summarizer, check_summarizer
 from statekeep.context.tokens import TokenCounter, check_counter, default_counter, message_tokens
 from statekeep.errors import (
@@ -198,6 +206,73 @@ class ContextStore(ABC):
         drafts = [self._draft(to_message(m)) for m in messages]
         if not drafts:
             raise InvalidInputError("nothing to append", field="messages")
+        return self._append(session_id, drafts, None, owner)
+
+    def mark(
+        self,
+        session_id: str,
+        reason: str,
+        *,
+        text: str = "",
+        key: str | None = None,
+        owner: str | None = None,
+    ) -> Event:
+        """Append a ``marker``: the conversation before it is over (the log keeps it all).
+
+        The context builder and compaction start after the latest marker: the
+        events before it, and any summary of them, no longer reach the model.
+        ``reason`` says why (``cleared``, ``rewound``...), ``text`` is shown to a
+        person reading the log. ``key`` and ``owner`` act as in :meth:`append`.
+
+        Examples:
+            >>> from statekeep.context import InMemoryContextStore, Message
+            >>> store = InMemoryContextStore()
+            >>> _ = store.append("s", Message.user("forget this"))
+            >>> store.mark("s", "cleared").kind
+            'marker'
+            >>> store.build("s", 1000).messages
+            ()
+
+        Raises:
+            InvalidInputError: the session id, reason, text or key is malformed; nothing was written.
+            EventKeyConflictError: ``key`` already names a different event; nothing was written.
+            SessionOwnerError: the session belongs to another owner; nothing was written.
+        """
+        check_id(session_id, "session_id")
+        owner = check_optional_id(owner, "owner")
+        reason = check_text(reason, "reason", limit=64)
+        if not isinstance(text, str):
+            raise InvalidInputError("must be a string", field="text")
+        payload = Marker(reason, check_unicode(text, "text")).to_json()
+        draft = Draft(MARKER, payload, 0, self.counter.name, datetime.now(UTC), check_optional_id(key, "key"))
+        stored = self._append(session_id, [draft], None, owner)[0]
+        if key is not None and (stored.kind, stored.payload) != (draft.kind, draft.payload):
+            raise EventKeyConflictError(session_id, key, stored.seq)
+        return stored
+
+    def copy_events(
+        self, session_id: str, events: Sequence[Event], *, owner: str | None = None
+    ) -> list[Event]:
+        """Append events read from a log (another session's, to fork it) in one transaction.
+
+        Each keeps its kind, payload, token count, counter, time and key; the
+        sequence numbers are this session's next ones. ``owner`` acts as in
+        :meth:`append`.
+
+        Raises:
+            InvalidInputError: ``events`` is empty or holds something else than events.
+            SessionOwnerError: the session belongs to another owner; nothing was written.
+        """
+        check_id(session_id, "session_id")
+        owner = check_optional_id(owner, "owner")
+        if isinstance(events, Event) or not isinstance(events, Sequence) or not events:
+            raise InvalidInputError("must be a non-empty list of events", field="events")
+        if not all(isinstance(e, Event) for e in events):
+            raise InvalidInputError("must hold only Event records", field="events")
+        drafts = [
+            Draft(e.kind, e.payload, e.tokens, e.counter, e.created_at, check_optional_id(e.key, "key"))
+            for e in events
+        ]
         return self._append(session_id, drafts, None, owner)
 
     def _draft(self, message: Message) -> Draft:

@@ -248,6 +248,37 @@ class MemoryStore(ABC):
         with tracing.span("memory.write", {"statekeep.memory.backend": self.backend}):
             return self._write(owner, items, dedupe=True)
 
+    def insert(self, memories: Sequence[Memory], vectors: Vectors | None = None) -> list[Memory]:
+        """Store memories of one owner exactly as given (ids, tags, times chosen by the caller), atomically.
+
+        For adapters and imports that keep their own identities: no deduplication,
+        no merging. ``vectors`` (one row per memory, of the embedder's dimension)
+        default to the embeddings of the contents. An id the owner already has is
+        refused by the backend: erase it first (:meth:`forget_many`).
+
+        Raises:
+            InvalidInputError: no memories, several owners, a repeated or invalid id,
+                or vectors of the wrong shape; nothing was written.
+        """
+        if isinstance(memories, Memory) or not isinstance(memories, Sequence) or not memories:
+            raise InvalidInputError("must be a non-empty list of Memory records", field="memories")
+        if not all(isinstance(m, Memory) for m in memories):
+            raise InvalidInputError("must hold only Memory records", field="memories")
+        owners = {_check.check_id(m.owner, "owner") for m in memories}
+        ids = [_check.check_id(m.id, "memory_id") for m in memories]
+        if len(owners) != 1 or len(set(ids)) != len(ids):
+            raise InvalidInputError("must be of one owner, each id once", field="memories")
+        if vectors is None:
+            vectors = self._embed([m.content for m in memories])
+        shape = np.shape(vectors)
+        if shape != (len(memories), self.embedder.dimension) or not np.isfinite(vectors).all():
+            raise InvalidInputError(
+                f"must be {len(memories)} finite vectors of {self.embedder.dimension} numbers",
+                field="vectors",
+            )
+        with tracing.span("memory.write", {"statekeep.memory.backend": self.backend}):
+            return self._insert(list(memories), check_vectors(self.embedder, vectors, len(memories)))
+
     def supersede(
         self,
         owner: str,
@@ -526,8 +557,20 @@ class MemoryStore(ABC):
         memory = self.get(owner, memory_id)
         return self._receipt(memory.owner, [memory.id])
 
+    def forget_many(self, owner: str, memory_ids: Iterable[str]) -> ForgetReceipt:
+        """Erase these memories of ``owner`` (physically, like :meth:`forget`); ids they lack are skipped.
+
+        Raises:
+            InvalidInputError: an invalid owner or id; nothing was erased.
+        """
+        if isinstance(memory_ids, str):
+            raise InvalidInputError("must be a list of memory ids", field="memory_ids")
+        ids = sorted({_check.check_id(i, "memory_ids") for i in memory_ids})
+        return self._receipt(_check.check_id(owner, "owner"), ids)
+
     def _receipt(self, owner: str, ids: list[str] | None) -> ForgetReceipt:
-        removed, locations, not_reached = self._erase(owner, ids)
+        # an empty list names no memory (None names them all)
+        removed, locations, not_reached = self._erase(owner, ids) if ids != [] else ([], [], [])
         return ForgetReceipt(
             owner=owner,
             removed=len(removed),

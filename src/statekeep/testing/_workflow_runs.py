@@ -140,6 +140,39 @@ class RunsAndLeases:
         assert ids(limit=2) == ["a", "b"]
         assert store.get("c").status is RunStatus.WAITING_FOR_EVENT
 
+    def test_search_runs_pages_newest_first_with_counts_per_status(self, store: WorkflowStore) -> None:
+        """search_runs filters by status, workflow, owner, text and ids; totals and counts ignore paging."""
+        registry = Registry()
+
+        @registry.workflow("greet", owner="who")
+        def greet(ctx: RunContext, who: str, text: str) -> str:
+            return str(ctx.step("echo", lambda: text))
+
+        @registry.workflow("hold")
+        def hold(ctx: RunContext) -> Any:
+            return ctx.wait_for_event("go")
+
+        engine = Engine(store, registry)
+        engine.run(greet, "g1", "alice", "refund order 4711")
+        engine.run(greet, "g2", "bob", "Weather in Oslo")
+        engine.run(greet, "g3", "alice", "weather in Bergen")
+        engine.run(hold, "h1")
+
+        def ids(**kw: Any) -> list[str]:
+            return [r.run_id for r in store.search_runs(**kw).runs]
+
+        assert ids() == ["h1", "g3", "g2", "g1"]
+        assert ids(owner="alice") == ["g3", "g1"]
+        assert ids(owner=["alice", "bob"], text="WEATHER") == ["g3", "g2"]
+        assert ids(text="oslo") == ["g2"]
+        assert ids(workflow="hold") == ["h1"]
+        assert ids(run_ids=["g1", "h1", "nope"]) == ["h1", "g1"]
+        page = store.search_runs(status="completed", limit=2, offset=1)
+        assert ([r.run_id for r in page.runs], page.total) == (["g2", "g1"], 3)
+        assert page.counts == {"completed": 3, "waiting_for_event": 1}
+        assert store.search_runs(text="no such words").total == 0
+        assert store.workflow_names() == ["greet", "hold"]
+
     def test_invariant_5_another_version_without_a_migration_stops_and_is_held_back(
         self, make_store: WorkflowStoreFactory
     ) -> None:

@@ -10,9 +10,10 @@ from statekeep.context import (
 from statekeep.testing._context_builds import KeysBuildsSummaries
 from statekeep.testing._context_kit import ContextStoreFactory as ContextStoreFactory
 from statekeep.testing._context_log import LogAndOwners
+from statekeep.testing._context_markers import MarkerSuite
 
 
-class ContextStoreSuite(LogAndOwners, KeysBuildsSummaries):
+class ContextStoreSuite(LogAndOwners, KeysBuildsSummaries, MarkerSuite):
     """The invariants of a :class:`~statekeep.context.ContextStore` backend.
 
     Subclass it as ``Test...`` and define the fixture ``make_store``: a function

@@ -106,6 +106,31 @@ def check_run_filters(
     return owners, text, ids
 
 
+def run_matches(run: Run, needle: str) -> bool:
+    """Whether the run's id, workflow, input or error contains ``needle`` (any case), as a person reads it."""
+    shown = json.dumps(run.input, ensure_ascii=False)
+    blob = " ".join([run.run_id, run.workflow, run.error or "", json.dumps(run.input), shown])
+    return needle.casefold() in blob.casefold()
+
+
+def page_of(
+    matched: Iterable[Run],
+    status: RunStatus | str | Iterable[RunStatus | str] | None,
+    limit: int,
+    offset: int,
+) -> RunPage:
+    """A :class:`RunPage` of the runs that matched the other filters: counted per status, newest first."""
+    wanted = None if status is None else set(statuses(status))
+    counts: dict[str, int] = {}
+    shown = []
+    for run in matched:
+        counts[run.status.value] = counts.get(run.status.value, 0) + 1
+        if wanted is None or run.status in wanted:
+            shown.append(run)
+    shown.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
+    return RunPage(shown[offset : offset + limit], len(shown), offset, limit, counts)
+
+
 class RunWrite(ABC):
     """One fenced write transaction of a run: everything in it commits together, or nothing does.
 
@@ -255,25 +280,14 @@ class WorkflowStore(ABC):
             InvalidInputError: a malformed filter, ``limit`` not from 1 to 1000, a negative ``offset``.
         """
         owners, needle, ids = check_run_filters(owner, text, run_ids, limit, offset)
-        wanted = None if status is None else set(statuses(status))
-        matched = []
-        for run in self.list_runs(workflow=workflow, limit=MAX_SEQ):
-            if owners is not None and run_owner(run) not in owners:
-                continue
-            if ids is not None and run.run_id not in ids:
-                continue
-            if needle is not None:
-                blob = " ".join([run.run_id, run.workflow, run.error or "", json.dumps(run.input)])
-                haystack = blob + json.dumps(run.input, ensure_ascii=False)
-                if needle.casefold() not in haystack.casefold():
-                    continue
-            matched.append(run)
-        counts: dict[str, int] = {}
-        for run in matched:
-            counts[run.status.value] = counts.get(run.status.value, 0) + 1
-        shown = [r for r in matched if wanted is None or r.status in wanted]
-        shown.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
-        return RunPage(shown[offset : offset + limit], len(shown), offset, limit, counts)
+        matched = [
+            run
+            for run in self.list_runs(workflow=workflow, limit=MAX_SEQ)
+            if (owners is None or run_owner(run) in owners)
+            and (ids is None or run.run_id in ids)
+            and (needle is None or run_matches(run, needle))
+        ]
+        return page_of(matched, status, limit, offset)
 
     def workflow_names(self) -> list[str]:
         """The names of the workflows that have runs, sorted."""
@@ -512,6 +526,8 @@ __all__ = [
     "WorkflowStore",
     "check_run_filters",
     "now",
+    "page_of",
+    "run_matches",
     "run_owner",
     "statuses",
 ]
