@@ -34,7 +34,7 @@ def test_threads_taking_one_run_over_each_other_journal_every_step_once() -> Non
 
     @registry.workflow("long", version=1)
     def long(ctx: RunContext) -> int:
-        return sum(ctx.step(f"s{i}", lambda i=i: i) for i in range(40))
+        return sum(ctx.step(f"s{i}", int, i) for i in range(40))
 
     Engine(store, registry).start(long, "r")
     fenced: list[LeaseLostError] = []
