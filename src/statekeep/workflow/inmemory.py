@@ -50,7 +50,9 @@ from statekeep.workflow.rules import (
     check_approval_filters,
     check_decision,
     check_event,
+    check_fork_point,
     check_retention,
+    check_run_ids,
     forked_key,
     last_set,
     purge_selection,
@@ -169,11 +171,7 @@ class InMemoryWorkflowStore(WorkflowStore):
         check_int(at_seq, "at_seq", maximum=MAX_SEQ)
         with self._lock:
             source = self._tables.get(run_id)
-            if at_seq > source.row.last_seq:
-                raise InvalidInputError(
-                    f"run {run_id!r} has {source.row.last_seq} completed steps: cannot fork at step {at_seq}",
-                    field="at_seq",
-                )
+            check_fork_point(run_id, source.row.last_seq, at_seq)
             taken = self._tables.runs.get(new_id)
             if taken is not None:
                 existing = run_record(taken.row)  # forking again with the same input returns the fork
@@ -394,10 +392,7 @@ class InMemoryWorkflowStore(WorkflowStore):
         return purge_selection(finished, older_than, keep_last)
 
     def delete_runs(self, run_ids: list[str]) -> int:
-        if not isinstance(run_ids, list | tuple):
-            raise InvalidInputError("must be a list of run ids", field="run_ids")
-        for run_id in run_ids:
-            check_run_id(run_id)
+        run_ids = check_run_ids(run_ids)
         with self._lock:
             return len(self._delete(run_ids))
 

@@ -93,6 +93,29 @@ def encode(value: Any, field: str) -> str:
         raise InvalidInputError(str(exc), field=field) from exc
 
 
+def check_run_ids(run_ids: list[str]) -> list[str]:
+    """The run ids of :meth:`WorkflowStore.delete_runs`, checked.
+
+    Raises:
+        InvalidInputError: not a list (or tuple) of run ids.
+    """
+    if not isinstance(run_ids, list | tuple):
+        raise InvalidInputError("must be a list of run ids", field="run_ids")
+    return [check_id(run_id, "run_id") for run_id in run_ids]
+
+
+def check_fork_point(run_id: str, last_seq: int, at_seq: int) -> None:
+    """Refuse a fork past the source run's last completed step.
+
+    Raises:
+        InvalidInputError: ``at_seq`` is past ``last_seq``.
+    """
+    if at_seq > last_seq:
+        raise InvalidInputError(
+            f"run {run_id!r} has {last_seq} completed steps: cannot fork at step {at_seq}", field="at_seq"
+        )
+
+
 def check_retention(older_than: timedelta | None, keep_last: int | None, workflow: str | None) -> None:
     """Validate a retention policy (:meth:`WorkflowStore.purgeable`).
 
@@ -151,7 +174,9 @@ __all__ = [
     "check_approval_filters",
     "check_decision",
     "check_event",
+    "check_fork_point",
     "check_retention",
+    "check_run_ids",
     "encode",
     "forked_key",
     "last_set",

@@ -51,7 +51,9 @@ from statekeep.workflow.rules import (
     check_approval_filters,
     check_decision,
     check_event,
+    check_fork_point,
     check_retention,
+    check_run_ids,
     forked_key,
     last_set,
     purge_selection,
@@ -249,11 +251,7 @@ class SQLWorkflowStore(WorkflowStore):
         self._prepare(owner)
         with self.db.begin() as conn:
             source = _get(conn, run_id, self.keys)
-            if at_seq > source.last_seq:
-                raise InvalidInputError(
-                    f"run {run_id!r} has {source.last_seq} completed steps: cannot fork at step {at_seq}",
-                    field="at_seq",
-                )
+            check_fork_point(run_id, source.last_seq, at_seq)
             schema = conn.execute(
                 sa.select(runs.c.state_schema, runs.c.state_schema_version).where(runs.c.run_id == run_id)
             ).one()
@@ -488,10 +486,7 @@ class SQLWorkflowStore(WorkflowStore):
         return purge_selection(rows, older_than, keep_last)
 
     def delete_runs(self, run_ids: list[str]) -> int:
-        if not isinstance(run_ids, list | tuple):
-            raise InvalidInputError("must be a list of run ids", field="run_ids")
-        for run_id in run_ids:
-            check_run_id(run_id)
+        run_ids = check_run_ids(run_ids)
         finished = [s.value for s in FINISHED]
         deleted = 0
         with self.db.begin() as conn:
