@@ -139,8 +139,11 @@ def test_threads_are_runs_the_cli_lists(database_url: str) -> None:
     assert listed.returncode == 0, listed.stderr
     assert "langgraph:t-int" in listed.stdout
     assert "waiting_for_event" in listed.stdout
-    out = graph.invoke(Command[str](resume="yes"), config)
+    resume: Command[str] = Command(resume="yes")  # not Command[str](...): a slotted dataclass
+    out = graph.invoke(resume, config)
     assert out["answer"] == "yes"
     assert runs.get("langgraph:t-int").status == "running"
     saver.delete_thread("t-int")
     assert runs.find("langgraph:t-int") is None
+    runs.close()
+    saver.close()
