@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import suppress
 
-from statekeep._numbers import MAX_INT
+from statekeep._check import MAX_INT
 from statekeep.context import ContextStore
 from statekeep.errors import SessionOwnerError
 from statekeep.workflow import Run, WorkflowStore

@@ -24,6 +24,7 @@ from statekeep.workflow._types import (
 from statekeep.workflow.base import RunWrite, WorkflowStore
 from statekeep.workflow.engine import Engine
 from statekeep.workflow.execution import Finish
+from statekeep.workflow.inmemory import InMemoryWorkflowStore
 from statekeep.workflow.registry import Reconciler, Registry, Step, Tool, Workflow
 from statekeep.workflow.run_context import AsyncRunContext, RunContext
 from statekeep.workflow.sql import SQLWorkflowStore
@@ -35,6 +36,7 @@ __all__ = [
     "Checkpoint",
     "Engine",
     "Finish",
+    "InMemoryWorkflowStore",
     "LedgerEntry",
     "Reconciler",
     "Reconciliation",
