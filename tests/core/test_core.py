@@ -131,7 +131,7 @@ def test_arun_without_the_async_extra_runs_the_steps_in_a_thread(tmp_path: Path)
         from statekeep.config import Settings
         from statekeep.models import ModelResponse, ScriptedModel
         from statekeep.runtime import Agent, Runtime
-        from statekeep import _async
+        from statekeep.db import aio
 
         async def main():
             rt = Runtime.open(Settings.load(home=sys.argv[1]), model=ScriptedModel([ModelResponse("hi")]))
@@ -140,7 +140,7 @@ def test_arun_without_the_async_extra_runs_the_steps_in_a_thread(tmp_path: Path)
             rt.close()
             return run.output
 
-        assert not _async.available("sqlite")
+        assert not aio.available("sqlite")
         print(asyncio.run(main()))
     """
     done = without_extras(code, str(tmp_path / "home"))

@@ -15,9 +15,9 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-from statekeep import _async
 from statekeep._extras import requires
 from statekeep._redact import redact_url
+from statekeep.db import aio
 from statekeep.db.dialects import DIALECTS, Dialect
 from statekeep.errors import ConfigError, StorageError
 
@@ -26,7 +26,7 @@ _DRIVERS = {
     "postgresql": "postgresql+psycopg",
     "postgres": "postgresql+psycopg",
 }
-#: The async driver of each backend, for code driven by :func:`statekeep._async.drive`.
+#: The async driver of each backend, for code driven by :func:`statekeep.db.aio.drive`.
 _ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}
 
 
@@ -150,11 +150,11 @@ class Database:
     @property
     def async_capable(self) -> bool:
         """True when code driven on an event loop reaches this database through an async driver."""
-        return self._async_ok and _async.available(self.dialect.name)
+        return self._async_ok and aio.available(self.dialect.name)
 
     def _current_engine(self) -> Engine:
-        """The engine for this call: inside :func:`statekeep._async.drive`, the loop's async one."""
-        if not (self._async_ok and _async.active()):
+        """The engine for this call: inside :func:`statekeep.db.aio.drive`, the loop's async one."""
+        if not (self._async_ok and aio.active()):
             return self.engine
         loop = asyncio.get_running_loop()
         engine = self._async_engines.get(loop)
@@ -167,7 +167,7 @@ class Database:
                 _ping_idle_connections(engine.sync_engine, self._ping_after)
             self.dialect.configure(engine.sync_engine)
             self._async_engines[loop] = engine
-            _async.at_end(loop, self._close_async)
+            aio.at_end(loop, self._close_async)
         return engine.sync_engine
 
     async def _close_async(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -8,17 +8,16 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
-from statekeep import _async
-from statekeep._check import check_int, check_seconds
+from statekeep._check import check_seconds
 from statekeep.config import Settings
 from statekeep.context import ContextStore, SQLContextStore
-from statekeep.db import Database
-from statekeep.errors import InvalidInputError, RunConflictError
+from statekeep.db import Database, aio
+from statekeep.errors import InvalidInputError
 from statekeep.models import AnyModel, AsyncModel, AsyncStreamingModel, Model, StreamingModel
-from statekeep.runtime.agent import Agent, AgentState, check_run, check_words
+from statekeep.runtime.agent import Agent, AgentState, check_run
 from statekeep.runtime.driving import Driver
 from statekeep.runtime.events import RunEvent
-from statekeep.runtime.fork import copy_session, copy_states
+from statekeep.runtime.fork import fork_run
 from statekeep.runtime.scope import Invocation, check_turns, current_scope
 from statekeep.runtime.sessions import SessionClaims, agent_input
 from statekeep.runtime.steps import PARK, AgentSteps
@@ -33,7 +32,6 @@ from statekeep.workflow import (
     Worker,
     Workflow,
 )
-from statekeep.workflow.base import MAX_SEQ
 from statekeep.working import SQLWorkingStateStore, WorkingStateStore
 
 if TYPE_CHECKING:
@@ -339,32 +337,7 @@ class Runtime:
             InvalidInputError: not an agent run, or ``at_step`` past its last completed step.
             RunConflictError: ``new_id`` (or ``session_id``) is already used.
         """
-        check_words(new_id, "new_id")
-        check_int(at_step, "at_step", maximum=MAX_SEQ)
-        if session_id is not None:
-            check_words(session_id, "session_id")
-        source = self.engine.store.get(run_id)
-        if not source.workflow.startswith("agent.") or len(source.input.get("args", [])) != 3:
-            raise InvalidInputError(f"run {run_id!r} is not an agent run", field="run_id")
-        owner, session, task = source.input["args"]
-        wanted = {"run_id": run_id, "seq": at_step}
-        existing = self.engine.store.find(new_id)
-        if existing is not None:
-            if existing.input.get("forked_from") == wanted:
-                return existing
-            raise RunConflictError(new_id, "is taken by another run")
-        if at_step > source.last_seq:
-            raise InvalidInputError(
-                f"run {run_id!r} has {source.last_seq} completed steps: cannot fork at step {at_step}",
-                field="at_step",
-            )
-        journal = self.engine.store.journal(run_id, 1, at_step) if at_step else []
-        version = max((s.state_version for s in journal if s.state_version is not None), default=0)
-        cursor = max((s.cursor for s in journal if s.cursor is not None), default=0)
-        target = session_id or new_id
-        copy_session(self.context, session, target, cursor, (f"{run_id}/", f"{new_id}/"), owner)
-        copy_states(self.working, run_id, new_id, version, target)
-        return self.engine.fork(run_id, new_id, at_step, args=[owner, target, task])
+        return fork_run(self.engine, self.context, self.working, run_id, at_step, new_id, session_id)
 
     def usage(self, run_id: str) -> Usage:
         """Tokens the run's model calls used so far (prompt, cached, completion), from its journal."""
@@ -399,7 +372,7 @@ class Runtime:
         if isinstance(until, str):  # parked by a turn limit a moment ago: due in a few ms
             ahead = (datetime.fromisoformat(until) - datetime.now(UTC)).total_seconds()
             if 0 < ahead <= PARK.total_seconds():
-                _async.pause(ahead)
+                aio.pause(ahead)
         return self.engine.resume(run_id)
 
     def _driven(self) -> bool:

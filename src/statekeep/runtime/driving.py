@@ -3,7 +3,7 @@
 :func:`drive` is the loop of a call: start (or resume) the run, and while it parked
 only to retry a model call soon, sit the wait out and resume it. Every other form
 wraps that one function: :func:`adrive` runs it on the caller's event loop
-(:mod:`statekeep._async`: statements through the async drivers, async models and
+(:mod:`statekeep.db.aio`: statements through the async drivers, async models and
 tools awaited on the loop) or, without the async drivers, in a worker thread;
 :func:`stream` and :func:`astream` run it with a sink that yields the typed events
 as they happen.
@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 
-from statekeep import _async
+from statekeep.db import aio
 from statekeep.runtime.events import ApprovalRequested, RunCompleted, RunEvent, RunFailed, RunWaiting
 from statekeep.runtime.scope import Invocation, invocation
 from statekeep.workflow import Engine, Run, RunStatus
@@ -47,7 +47,7 @@ class Driver:
         try:
             run = start()
             while (delay := self._wait(run, inv)) is not None:
-                _async.pause(delay)
+                aio.pause(delay)
                 run = self.engine.resume(run.run_id)
             return run
         finally:
@@ -83,7 +83,7 @@ class Driver:
     async def hop(self, fn: Callable[[], T]) -> T:
         """Run the sync ``fn`` for an async caller: driven on this loop, else in a worker thread."""
         if self._driven():
-            return await _async.drive(fn)
+            return await aio.drive(fn)
         return await asyncio.to_thread(fn)  # the context (the invocation) goes along
 
     async def adrive(self, inv: Invocation, start: Callable[[], Run]) -> Run:

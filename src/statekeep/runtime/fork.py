@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from statekeep._check import check_int
 from statekeep.context import ContextStore
-from statekeep.errors import AgentError, RunConflictError, StateNotFoundError
-from statekeep.runtime.agent import AgentState
+from statekeep.errors import AgentError, InvalidInputError, RunConflictError, StateNotFoundError
+from statekeep.runtime.agent import AgentState, check_words
+from statekeep.workflow import Engine, Run
+from statekeep.workflow.base import MAX_SEQ
 from statekeep.working import WorkingStateStore
 
 
@@ -63,3 +66,41 @@ def copy_states(states: WorkingStateStore, source: str, target: str, upto: int, 
 def _renamed(key: str | None, rename: tuple[str, str]) -> str | None:
     old, new = rename
     return new + key[len(old) :] if key is not None and key.startswith(old) else key
+
+
+def fork_run(
+    engine: Engine,
+    context: ContextStore,
+    working: WorkingStateStore,
+    run_id: str,
+    at_step: int,
+    new_id: str,
+    session_id: str | None,
+) -> Run:
+    """:meth:`Runtime.fork <statekeep.runtime.Runtime.fork>`: copy the session and states, then the run."""
+    check_words(new_id, "new_id")
+    check_int(at_step, "at_step", maximum=MAX_SEQ)
+    if session_id is not None:
+        check_words(session_id, "session_id")
+    source = engine.store.get(run_id)
+    if not source.workflow.startswith("agent.") or len(source.input.get("args", [])) != 3:
+        raise InvalidInputError(f"run {run_id!r} is not an agent run", field="run_id")
+    owner, session, task = source.input["args"]
+    wanted = {"run_id": run_id, "seq": at_step}
+    existing = engine.store.find(new_id)
+    if existing is not None:
+        if existing.input.get("forked_from") == wanted:
+            return existing
+        raise RunConflictError(new_id, "is taken by another run")
+    if at_step > source.last_seq:
+        raise InvalidInputError(
+            f"run {run_id!r} has {source.last_seq} completed steps: cannot fork at step {at_step}",
+            field="at_step",
+        )
+    journal = engine.store.journal(run_id, 1, at_step) if at_step else []
+    version = max((s.state_version for s in journal if s.state_version is not None), default=0)
+    cursor = max((s.cursor for s in journal if s.cursor is not None), default=0)
+    target = session_id or new_id
+    copy_session(context, session, target, cursor, (f"{run_id}/", f"{new_id}/"), owner)
+    copy_states(working, run_id, new_id, version, target)
+    return engine.fork(run_id, new_id, at_step, args=[owner, target, task])

@@ -23,9 +23,10 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from statekeep import _async, tracing
+from statekeep import tracing
 from statekeep._inspect import context_record
 from statekeep.context import ContextStore, Event, MemoryItem, Message, SQLContextStore, ToolCall, to_openai
+from statekeep.db import aio
 from statekeep.errors import (
     AgentError,
     ApprovalExpiredError,
@@ -256,8 +257,8 @@ class AgentSteps:
 
     def await_(self, awaitable: Awaitable[T]) -> T:
         """Await on the caller's loop (``arun``/``astream``), else on the runtime's own loop."""
-        if _async.active():  # driven on the caller's loop (arun, astream)
-            return _async.wait(awaitable)
+        if aio.active():  # driven on the caller's loop (arun, astream)
+            return aio.wait(awaitable)
         inv = invocation.get()
         if inv is not None and inv.loop is not None:
             future: Future[T] = asyncio.run_coroutine_threadsafe(_coroutine(awaitable), inv.loop)
@@ -337,7 +338,7 @@ class AgentSteps:
                 except Exception as exc:
                     failure = classify(exc)
                     if failure.transient and attempt < policy.attempts:
-                        _async.pause(backoff(policy, attempt, failure.retry_after))
+                        aio.pause(backoff(policy, attempt, failure.retry_after))
                         attempt += 1
                         continue
                     if tool.on_error == "fail":

@@ -11,9 +11,9 @@ from datetime import timedelta
 from functools import partial
 from typing import Any, ParamSpec, TypeVar
 
-from statekeep import _async, tracing
+from statekeep import tracing
 from statekeep._check import check_id, check_seconds
-from statekeep.db import Database
+from statekeep.db import Database, aio
 from statekeep.errors import (
     ConfigError,
     InvalidInputError,
@@ -186,7 +186,7 @@ class Engine:
     async def arun(self, workflow: Workflow[P, R], run_id: str, /, *args: P.args, **kwargs: P.kwargs) -> Run:
         """Awaitable :meth:`run`, for callers inside an event loop: the loop stays free.
 
-        The one sync implementation is driven on this loop (:mod:`statekeep._async`):
+        The one sync implementation is driven on this loop (:mod:`statekeep.db.aio`):
         statements go through the async driver, async steps and tools are awaited
         here. Without the ``async`` extra (or on an in-memory SQLite database) it
         runs in a worker thread instead.
@@ -194,7 +194,7 @@ class Engine:
         call = partial(self.run, workflow, run_id, *args, **kwargs)
         db = getattr(self.store, "db", None)
         if getattr(db, "async_capable", False):
-            return await _async.drive(call)
+            return await aio.drive(call)
         return await asyncio.to_thread(call)
 
     def execute(self, run: Run) -> Run:
@@ -355,8 +355,8 @@ def _invoke(exe: Execution, store: WorkflowStore, stored: dict[str, Any]) -> Any
         exe.loop = asyncio.get_running_loop()
         return await workflow.fn(AsyncRunContext(ctx), *args, **kwargs)
 
-    if _async.active():  # driven on the caller's loop: the workflow runs there
-        return _async.wait(_main())
+    if aio.active():  # driven on the caller's loop: the workflow runs there
+        return aio.wait(_main())
     return asyncio.run(_main())
 
 

@@ -23,7 +23,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import pydantic
 
-from statekeep import _async, tracing
+from statekeep import tracing
+from statekeep.db import aio
 from statekeep.errors import InvalidInputError, NonDeterminismError, StateNotFoundError, StepOutputError
 from statekeep.workflow import codec
 from statekeep.workflow._types import Checkpoint, Run, StepKind, StepRecord
@@ -266,8 +267,8 @@ class Execution:
         result = fn(*args, **kwargs)
         if not inspect.isawaitable(result):
             return result
-        if _async.active():  # driven on the loop: await it there
-            return _async.wait(result)
+        if aio.active():  # driven on the loop: await it there
+            return aio.wait(result)
         if self.loop is not None:
             return asyncio.run_coroutine_threadsafe(_coro(result), self.loop).result()
         return asyncio.run(_coro(result))

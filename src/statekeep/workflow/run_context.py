@@ -16,8 +16,9 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import pydantic
 
-from statekeep import _async, tracing
+from statekeep import tracing
 from statekeep._check import check_int
+from statekeep.db import aio
 from statekeep.errors import ConfigError, LeaseLostError, StepFailedError, StorageError
 from statekeep.workflow import codec, tools, waits
 from statekeep.workflow._types import Checkpoint, Run
@@ -103,7 +104,7 @@ class RunContext:
                     if attempt >= policy.attempts:
                         raise StepFailedError(self.run_id, spec.name, seq, attempt, repr(exc)) from exc
                     tracing.retrying(exe.run, spec.name, seq, attempt, exc, policy.delay(attempt))
-                    _async.pause(policy.delay(attempt))
+                    aio.pause(policy.delay(attempt))
                     continue
                 input_hash = _loose_hash(args, kwargs)
                 return exe.complete(seq, spec.name, input_hash, value, attempt=attempt, started=started)
@@ -171,7 +172,7 @@ class AsyncRunContext:
     """What an ``async`` workflow receives: the same operations, awaitable.
 
     Each method runs the one sync implementation, driven on the workflow's event
-    loop (:mod:`statekeep._async`): its statements go through the async driver and
+    loop (:mod:`statekeep.db.aio`): its statements go through the async driver and
     ``async`` step functions and tools are awaited on the loop. Without the
     ``async`` extra it runs in a thread instead.
     """
@@ -183,7 +184,7 @@ class AsyncRunContext:
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         call = partial(fn, *args, **kwargs)
-        return await (_async.drive(call) if self._driven else asyncio.to_thread(call))
+        return await (aio.drive(call) if self._driven else asyncio.to_thread(call))
 
     @property
     def run_id(self) -> str:
