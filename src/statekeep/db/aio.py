@@ -58,8 +58,25 @@ async def drive(fn: Callable[..., T], *args: Any) -> T:
     """Run the sync ``fn(*args)`` on this loop: its database work and :func:`wait` calls are awaited here."""
     from sqlalchemy.util import greenlet_spawn
 
+    if not _warm:
+        await asyncio.to_thread(_warm_up)
     async with session():
         return await greenlet_spawn(fn, *args)
+
+
+_warm: list[bool] = []
+
+
+def _warm_up() -> None:
+    """Import the async machinery off the loop: the first import takes ~100 ms, which would stall it."""
+    modules = ["sqlalchemy.ext.asyncio"]
+    if _installed("aiosqlite"):
+        modules.append("sqlalchemy.dialects.sqlite.aiosqlite")
+    if _installed("psycopg"):
+        modules.append("sqlalchemy.dialects.postgresql.psycopg")
+    for module in modules:
+        importlib.import_module(module)
+    _warm.append(True)
 
 
 @asynccontextmanager
