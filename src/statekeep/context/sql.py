@@ -173,7 +173,7 @@ def append_events(
                 row["payload"] = keys.seal(holder, row["payload"], create=False)
         except SealedDataError:
             raise _NeedKey(holder) from None
-    conn.execute(events.insert(), rows)
+    conn.execute(_INSERT_EVENTS, rows)
     summaries = [e.seq for e in stored if e.kind == SUMMARY]
     if summaries:
         where = sessions.c.session_id == session_id
@@ -186,6 +186,16 @@ def _by_key(conn: Connection, session_id: str, key: str, keys: KeyRing | None) -
     return _events(session_id, found, keys)[0] if found else None
 
 
+#: Reserve seqs: built once, values as bind parameters (the hot path skips statement building).
+_BUMP = (
+    sessions.update()
+    .where(sessions.c.session_id == sa.bindparam("sid"))
+    .values(last_seq=sessions.c.last_seq + sa.bindparam("n", type_=sa.BigInteger))
+    .returning(sessions.c.last_seq, sessions.c.summary_seq, sessions.c.owner)
+)
+_INSERT_EVENTS = events.insert()
+
+
 def _bump(
     conn: Connection, dialect: Dialect, session_id: str, n: int, owner: str | None
 ) -> tuple[int, int, str | None]:
@@ -194,19 +204,14 @@ def _bump(
     With ``owner``, refuse another owner's session and claim an unowned one, under the row lock.
     """
     where = sessions.c.session_id == session_id
-    bump = (
-        sessions.update()
-        .where(where)
-        .values(last_seq=sessions.c.last_seq + n)
-        .returning(sessions.c.last_seq, sessions.c.summary_seq, sessions.c.owner)
-    )
-    row = conn.execute(bump).first()
+    params = {"sid": session_id, "n": n}
+    row = conn.execute(_BUMP, params).first()
     if row is None:
         new = dialect.insert(sessions).values(
             session_id=session_id, last_seq=0, summary_seq=0, pruned_to=0, owner=owner
         )
         conn.execute(new.on_conflict_do_nothing(index_elements=["session_id"]))
-        row = conn.execute(bump).one()
+        row = conn.execute(_BUMP, params).one()
     if owner is not None and row[2] != owner:
         if row[2] is not None:
             raise SessionOwnerError(session_id, owner, row[2])

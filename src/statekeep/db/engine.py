@@ -213,7 +213,12 @@ class Database:
         self.engine.dispose()
 
     def __repr__(self) -> str:
-        return f"Database({redact_url(self.url.render_as_string(hide_password=True))!r})"
+        shown: str | None = self.__dict__.get("_repr")
+        if shown is None:  # the URL never changes: redacted once, not on every transaction's label
+            shown = self.__dict__["_repr"] = (
+                f"Database({redact_url(self.url.render_as_string(hide_password=True))!r})"
+            )
+        return shown
 
 
 def _ensure_sqlite_folder(url: URL, setting: str) -> None:
