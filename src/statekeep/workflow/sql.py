@@ -18,6 +18,7 @@ import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
@@ -26,7 +27,7 @@ from statekeep._numbers import check_int
 from statekeep._text import check_id
 from statekeep.errors import InvalidInputError, RunConflictError, RunFinishedError
 from statekeep.workflow import codec
-from statekeep.workflow._types import LedgerEntry, Run, RunPage, RunStatus, StepRecord
+from statekeep.workflow._types import LedgerEntry, ReplayEntry, Run, RunPage, RunStatus, StepRecord
 from statekeep.workflow.base import LIVE, MAX_SEQ, check_run_filters, now, statuses
 from statekeep.workflow.sql_base import get_run, note_event
 from statekeep.workflow.sql_people import SQLPeople
@@ -39,12 +40,22 @@ from statekeep.workflow.sql_tx import (
     run_record,
     seal,
     step_record,
+    unseal,
     withdraw_approvals,
 )
 from statekeep.workflow.tables import runs, steps, tool_calls
 from statekeep.working.base import check_run_id
 
 _LIVE = [s.value for s in LIVE]
+_REPLAY = (
+    sa.select(steps.c.seq, steps.c.name, steps.c.kind, steps.c.state_version, steps.c.output)
+    .where(
+        steps.c.run_id == sa.bindparam("rid"),
+        steps.c.seq >= sa.bindparam("lo"),
+        steps.c.seq <= sa.bindparam("hi"),
+    )
+    .order_by(steps.c.seq)
+)
 
 
 class SQLWorkflowStore(SQLPeople, SQLRetention):
@@ -332,6 +343,13 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
         )
         with self.db.read() as conn:
             return [step_record(r, self.keys) for r in conn.execute(q).mappings()]
+
+    def replay(self, run_id: str, start: int, size: int) -> list[ReplayEntry]:
+        # five columns as plain tuples: no timestamps converted, no output opened until replay needs it
+        params = {"rid": run_id, "lo": start, "hi": min(start + size - 1, MAX_SEQ)}
+        opener = partial(unseal, self.keys)
+        with self.db.read() as conn:
+            return [ReplayEntry(*row, opener) for row in conn.execute(_REPLAY, params).all()]
 
     def tool_calls(self, run_id: str) -> list[LedgerEntry]:
         check_run_id(run_id)
