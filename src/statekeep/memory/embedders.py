@@ -58,9 +58,18 @@ def normalize(vectors: npt.ArrayLike) -> Vectors:
     return out
 
 
-def _load_model(path: str) -> Any:
-    """Load a sentence-transformers model once per process, keyed by its path."""
+def _load_model(path: str, *, texts: int = 0) -> Any:
+    """The model at ``path``, loaded once per process: for up to :data:`FEW` texts (a query, a
+    memory) a plain BERT model runs in numpy (:mod:`._bert`), without importing torch; batches
+    use sentence-transformers when it is installed. Both give the same vectors (to 1e-6)."""
     with _MODELS_LOCK:
+        if path not in _FAST:
+            from statekeep.memory import _bert
+
+            _FAST[path] = _bert.load(path)
+        fast = _FAST[path]
+        if fast is not None and (texts <= FEW or path in _MODELS or not _has_sentence_transformers()):
+            return _MODELS.get(path, fast) if texts > FEW else fast
         if path not in _MODELS:
             with requires("embeddings", "the sentence-transformers embedder"):
                 from sentence_transformers import SentenceTransformer
@@ -71,6 +80,17 @@ def _load_model(path: str) -> Any:
             except (OSError, ValueError) as exc:
                 raise EmbedderError(path, f"cannot load the model: {exc}") from exc
         return _MODELS[path]
+
+
+#: Texts embedded in numpy rather than torch (when the model allows): one query, a few memories.
+FEW = 8
+_FAST: dict[str, Any] = {}
+
+
+def _has_sentence_transformers() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("sentence_transformers") is not None
 
 
 def _default_model_path() -> str:
@@ -119,14 +139,14 @@ class SentenceTransformerEmbedder:
             self._dimension = int(get())
         return self._dimension
 
-    def _model(self) -> Any:
-        return _load_model(self._path or _default_model_path())
+    def _model(self, texts: int = 0) -> Any:
+        return _load_model(self._path or _default_model_path(), texts=texts)
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         """Embed ``texts`` in batches of ``batch_size``; rows are unit length."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        out = self._model().encode(
+        out = self._model(len(texts)).encode(
             list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
         )
         return np.asarray(out, dtype=np.float32)
