@@ -206,6 +206,8 @@ class SQLWorkflowStore(WorkflowStore):
                 .values({**finish_values(RunStatus.CANCELLED, None, "cancelled"), "epoch": runs.c.epoch + 1})
             )
             withdraw_approvals(conn, run_id)
+            if run.parent_id is not None:  # a parent waiting for it learns it ended, as it would of a failure
+                wake(conn, run.parent_id, [RunStatus.WAITING_FOR_CHILD])
             return _get(conn, run_id, self.keys)
 
     def retry(self, run_id: str) -> Run:
