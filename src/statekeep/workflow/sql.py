@@ -23,12 +23,36 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from statekeep._numbers import check_int
-from statekeep._text import check_id
-from statekeep.errors import InvalidInputError, RunConflictError, RunFinishedError
+from statekeep._check import check_id, check_int
+from statekeep.errors import (
+    InvalidInputError,
+    RunConflictError,
+    RunFinishedError,
+)
 from statekeep.workflow import codec
-from statekeep.workflow._types import LedgerEntry, ReplayEntry, Run, RunPage, RunStatus, StepRecord
-from statekeep.workflow.base import LIVE, MAX_SEQ, check_run_filters, now, statuses
+from statekeep.workflow._types import (
+    LedgerEntry,
+    ReplayEntry,
+    Run,
+    RunPage,
+    RunStatus,
+    StepRecord,
+)
+from statekeep.workflow.base import (
+    LIVE,
+    MAX_SEQ,
+    check_run_filters,
+    now,
+    page_of,
+    run_matches,
+    statuses,
+)
+from statekeep.workflow.rules import (
+    check_fork_point,
+    forked_key,
+    last_set,
+    same_run,
+)
 from statekeep.workflow.sql_base import get_run, note_event
 from statekeep.workflow.sql_people import SQLPeople
 from statekeep.workflow.sql_retention import SQLRetention
@@ -41,6 +65,7 @@ from statekeep.workflow.sql_tx import (
     seal,
     step_record,
     unseal,
+    wake,
     withdraw_approvals,
 )
 from statekeep.workflow.tables import runs, steps, tool_calls
@@ -84,13 +109,7 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
                 fence(conn, parent.run_id, parent.epoch)
             conn.execute(self.db.dialect.insert(runs).values(row).on_conflict_do_nothing())
             stored = get_run(conn, run["run_id"], self.keys)
-        if stored.workflow != run["workflow"]:
-            raise RunConflictError(
-                stored.run_id, f"belongs to workflow {stored.workflow!r}, not {run['workflow']!r}"
-            )
-        if codec.digest(stored.input) != run["input_hash"]:
-            raise RunConflictError(stored.run_id, "was started with another input")
-        return stored
+        return same_run(stored, run)
 
     def find(self, run_id: str) -> Run | None:
         check_run_id(run_id)
@@ -139,6 +158,11 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
             where.append(sa.or_(*(_owned_by(o) for o in owners)))
         if ids is not None:
             where.append(runs.c.run_id.in_(ids))
+        if needle is not None and self.keys is not None:  # sealed input: match what a person reads
+            with self.db.read() as conn:
+                rows = conn.execute(sa.select(runs).where(*where)).mappings().all()
+            decoded = (run_record(r, self.keys) for r in rows)
+            return page_of([r for r in decoded if run_matches(r, needle)], status, limit, offset)
         if needle is not None:
             where.append(_contains(needle))
         wanted = None if status is None else [s.value for s in statuses(status)]
@@ -170,6 +194,8 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
                 .values({**finish_values(RunStatus.CANCELLED, None, "cancelled"), "epoch": runs.c.epoch + 1})
             )
             withdraw_approvals(conn, run_id)
+            if run.parent_id is not None:  # a parent waiting for it learns it ended, as it would of a failure
+                wake(conn, run.parent_id, [RunStatus.WAITING_FOR_CHILD])
             return get_run(conn, run_id, self.keys)
 
     def retry(self, run_id: str) -> Run:
@@ -215,11 +241,7 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
         self._prepare(owner)
         with self.db.begin() as conn:
             source = get_run(conn, run_id, self.keys)
-            if at_seq > source.last_seq:
-                raise InvalidInputError(
-                    f"run {run_id!r} has {source.last_seq} completed steps: cannot fork at step {at_seq}",
-                    field="at_seq",
-                )
+            check_fork_point(run_id, source.last_seq, at_seq)
             schema = conn.execute(
                 sa.select(runs.c.state_schema, runs.c.state_schema_version).where(runs.c.run_id == run_id)
             ).one()
@@ -241,8 +263,8 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
                 "last_seq": at_seq,
                 "state_schema": schema.state_schema,
                 "state_schema_version": schema.state_schema_version,
-                "state_version": _last_set(s.state_version for s in journal),
-                "cursor": _last_set(s.cursor for s in journal),
+                "state_version": last_set(s.state_version for s in journal),
+                "cursor": last_set(s.cursor for s in journal),
             }
             insert = self.db.dialect.insert(runs).values(row).on_conflict_do_nothing()
             if conn.execute(insert.returning(runs.c.run_id)).first() is None:  # the id is taken
@@ -256,11 +278,11 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
                 tool_calls.c.run_id == run_id, tool_calls.c.seq <= at_seq, tool_calls.c.status == "completed"
             )
             for call in conn.execute(calls).mappings().all():
-                key = str(call["key"])
-                renamed = new_id + key[len(run_id) :] if key.startswith(f"{run_id}/") else f"{new_id}/{key}"
+                renamed = forked_key(str(call["key"]), run_id, new_id)
                 conn.execute(tool_calls.insert().values({**call, "run_id": new_id, "key": renamed}))
-            forked = {"run_id": new_id, "at_seq": at_seq}
-            note_event(conn, run_id, "statekeep.forked", forked, self.keys, owner)
+            note_event(
+                conn, run_id, "statekeep.forked", {"run_id": new_id, "at_seq": at_seq}, self.keys, owner
+            )
             return get_run(conn, new_id, self.keys)
 
     # --- leases ---------------------------------------------------------------------------
@@ -379,14 +401,6 @@ def _contains(text: str) -> sa.ColumnElement[bool]:
     ]
     clauses += [runs.c.input.icontains(needle, autoescape=True) for needle in {text, escaped}]
     return sa.or_(*clauses)
-
-
-def _last_set(values: Iterable[int | None]) -> int | None:
-    found = None
-    for value in values:
-        if value is not None:
-            found = value
-    return found
 
 
 def _lease_values(owner: str, lease: float, stamp: datetime) -> dict[str, Any]:

@@ -14,12 +14,22 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from statekeep.db import Database
-from statekeep.errors import RunNotFoundError
+from statekeep.errors import (
+    RunNotFoundError,
+)
 from statekeep.keys import KeyRing
 from statekeep.workflow import codec
-from statekeep.workflow._types import Run
-from statekeep.workflow.base import WorkflowStore, now
-from statekeep.workflow.sql_tx import run_record, seal
+from statekeep.workflow._types import (
+    Run,
+)
+from statekeep.workflow.base import (
+    WorkflowStore,
+    now,
+)
+from statekeep.workflow.sql_tx import (
+    run_record,
+    seal,
+)
 from statekeep.workflow.tables import events, runs, setup
 
 

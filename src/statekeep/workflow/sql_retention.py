@@ -5,17 +5,22 @@ from __future__ import annotations
 from datetime import timedelta
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
-from statekeep._numbers import check_duration, check_int
-from statekeep._text import check_id
-from statekeep.errors import InvalidInputError
-from statekeep.workflow._types import FINISHED, Run
-from statekeep.workflow.base import now
+from statekeep._check import check_id
+from statekeep.workflow._types import (
+    FINISHED,
+    Run,
+)
+from statekeep.workflow.rules import (
+    check_retention,
+    check_run_ids,
+    purge_selection,
+)
 from statekeep.workflow.sql_base import SQLBase
-from statekeep.workflow.sql_tx import run_record
+from statekeep.workflow.sql_tx import (
+    run_record,
+)
 from statekeep.workflow.tables import approvals, events, runs, steps, tool_calls
-from statekeep.working.base import check_run_id
 
 
 class SQLRetention(SQLBase):
@@ -28,22 +33,17 @@ class SQLRetention(SQLBase):
         keep_last: int | None = None,
         workflow: str | None = None,
     ) -> list[str]:
-        if older_than is None and keep_last is None:
-            raise InvalidInputError("give older_than, keep_last, or both", field="older_than")
-        if older_than is not None:
-            check_duration(older_than, "older_than", positive=False)
-        if keep_last is not None:
-            check_int(keep_last, "keep_last")
+        check_retention(older_than, keep_last, workflow)
+        finished = [s.value for s in FINISHED]
+        q = sa.select(runs.c.run_id, runs.c.workflow, runs.c.finished_at).where(runs.c.status.in_(finished))
         if workflow is not None:
-            check_id(workflow, "workflow")
+            q = q.where(runs.c.workflow == workflow)
         with self.db.read() as conn:
-            return _purgeable(conn, older_than, keep_last, workflow)
+            rows = [(r.run_id, r.workflow, r.finished_at) for r in conn.execute(q)]
+        return purge_selection(rows, older_than, keep_last)
 
     def delete_runs(self, run_ids: list[str]) -> int:
-        if not isinstance(run_ids, list | tuple):
-            raise InvalidInputError("must be a list of run ids", field="run_ids")
-        for run_id in run_ids:
-            check_run_id(run_id)
+        run_ids = check_run_ids(run_ids)
         finished = [s.value for s in FINISHED]
         deleted = 0
         with self.db.begin() as conn:
@@ -84,24 +84,3 @@ class SQLRetention(SQLBase):
                     gone = conn.execute(table.delete().where(table.c.run_id.in_(chunk)))
                     counts[name] += int(gone.rowcount)
         return counts
-
-
-def _purgeable(
-    conn: Connection, older_than: timedelta | None, keep_last: int | None, workflow: str | None
-) -> list[str]:
-    finished = [s.value for s in FINISHED]
-    q = sa.select(runs.c.run_id, runs.c.workflow, runs.c.finished_at).where(runs.c.status.in_(finished))
-    if workflow is not None:
-        q = q.where(runs.c.workflow == workflow)
-    rows = list(conn.execute(q.order_by(runs.c.finished_at.desc(), runs.c.run_id)))
-    doomed: set[str] = set()
-    if older_than is not None:
-        cutoff = now() - older_than
-        doomed |= {r.run_id for r in rows if r.finished_at < cutoff}
-    if keep_last is not None:
-        seen: dict[str, int] = {}
-        for r in rows:
-            seen[r.workflow] = seen.get(r.workflow, 0) + 1
-            if seen[r.workflow] > keep_last:
-                doomed.add(r.run_id)
-    return sorted(doomed)
