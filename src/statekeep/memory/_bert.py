@@ -1,4 +1,4 @@
-"""A sentence-transformers BERT model (mean pooling, normalized) run with numpy alone.
+"""A sentence-transformers BERT model (mean pooling) run with numpy alone; the caller normalizes.
 
 Importing sentence-transformers pulls in transformers, torch, scikit-learn and
 scipy: ten seconds and more before the first query on a busy machine, which a
@@ -21,8 +21,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
-from statekeep.memory.embedders import Vectors, normalize
 
 F32 = npt.NDArray[np.float32]
 #: Up to this many tokens in a batch, products run in einsum's loop rather than BLAS.
@@ -57,10 +55,10 @@ class BertEncoder:
         """The vector length (as sentence-transformers names it)."""
         return self.dimension
 
-    def encode(self, texts: Sequence[str], batch_size: int = 32, **_: Any) -> Vectors:
-        """Unit vectors of ``texts``, batched by length (less padding), in the order given.
+    def encode(self, texts: Sequence[str], batch_size: int = 32, **_: Any) -> F32:
+        """Mean-pooled vectors of ``texts`` (not yet unit length), batched by length, in the order given.
 
-        Takes sentence-transformers' ``encode`` options; vectors are always normalized.
+        Takes sentence-transformers' ``encode`` options; the caller normalizes.
         """
         encodings = self.tokenizer.encode_batch(list(texts))
         order = np.argsort([-len(e.ids) for e in encodings], kind="stable")
@@ -68,7 +66,7 @@ class BertEncoder:
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
             out[chunk] = self._forward([encodings[i].ids for i in chunk])
-        return normalize(out)
+        return out
 
     def _forward(self, batch: list[list[int]]) -> F32:
         width = max(len(ids) for ids in batch)

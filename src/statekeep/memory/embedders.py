@@ -149,7 +149,7 @@ class SentenceTransformerEmbedder:
         out = self._model(len(texts)).encode(
             list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
         )
-        return np.asarray(out, dtype=np.float32)
+        return normalize(np.asarray(out, dtype=np.float32))  # the numpy encoder leaves this to us
 
     def __repr__(self) -> str:
         return f"SentenceTransformerEmbedder(name={self._name!r})"
