@@ -68,13 +68,14 @@ def paired(subject: list[str], floor: list[str], runs: int) -> dict[str, Any]:
 def longest_silence(cmd: list[str]) -> tuple[float, float]:
     """Wall seconds of a command, and the longest gap between two lines of its output."""
     start = last = time.perf_counter()
-    gap = 0.0
+    gap, lines = 0.0, []
     with subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-        for _ in proc.stdout or ():
+        for line in proc.stdout or ():
             now = time.perf_counter()
             gap, last = max(gap, now - last), now
+            lines.append(line)
         if proc.wait():
-            raise SystemExit(f"{' '.join(cmd)} failed")
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{''.join(lines[-30:])}")
     return time.perf_counter() - start, gap
 
 

@@ -266,17 +266,18 @@ def resume_floor(db: Database, run_id: str, journal: int) -> Callable[[], float]
 
     The same durable work in raw SQL over the same tables, in the fewest transactions:
     take the lease and read the run row; read the journal rows (the columns replay
-    needs, as driver tuples) or, with ``journal`` 0, the latest state version; commit one step with its
+    needs, as tuples) or, with ``journal`` 0, the latest state version; commit one step with its
     state version; park the run. No rows are decoded into objects.
     """
     text, now = _state(0).model_dump_json(), datetime.now(UTC)
     take = runs.update().where(runs.c.run_id == run_id).values(epoch=runs.c.epoch + 1, status="running")
     read_run = sa.select(runs).where(runs.c.run_id == run_id)
-    # plain text SQL: the rows come back as driver tuples, nothing converted
-    read_journal = sa.text(
-        "SELECT seq, name, kind, state_version, output FROM steps"
-        " WHERE run_id = :rid AND seq <= :n ORDER BY seq"
-    ).bindparams(rid=run_id, n=journal)
+    # the columns replay needs, none of them converted on the way (no timestamps)
+    read_journal = (
+        sa.select(steps.c.seq, steps.c.name, steps.c.kind, steps.c.state_version, steps.c.output)
+        .where(steps.c.run_id == run_id, steps.c.seq <= journal)
+        .order_by(steps.c.seq)
+    )
     read_state = (
         sa.select(versions.c.state).where(versions.c.run_id == run_id).order_by(versions.c.version.desc())
     )
