@@ -1,9 +1,14 @@
-"""Which memories are the same fact: text normalisation and the stored identity (pure)."""
+"""Which memories are the same fact: text normalisation, the stored identity, the store's policy."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import unicodedata
+from typing import Any
+
+from statekeep.errors import InvalidInputError
+from statekeep.memory._types import DEDUPE_MODES, Dedupe, DedupeMode, Memory
 
 
 def normalize(text: str) -> str:
@@ -24,3 +29,51 @@ def identity(content: str, key: str | None) -> str:
     if key is not None:
         return "key:" + key
     return "text:" + hashlib.sha256(normalize(content).encode()).hexdigest()
+
+
+#: With ``dedupe="similar"``: the cosine similarity at or above which a new memory is merged
+#: into an existing one (linked with ``duplicate_of``).
+DEFAULT_DUPLICATE_THRESHOLD = 0.92
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+#: ``duplicate_threshold`` left out: it is then only used by ``dedupe="similar"`` (at 0.92).
+UNSET: Any = _Unset()
+
+
+def merged(memory: Memory) -> Memory:
+    """A stored memory as ``remember`` returns it: if it was merged into another, saying so."""
+    if memory.duplicate_of is None:
+        return memory
+    why = Dedupe("similar", memory.duplicate_of, stored=True, similarity=memory.duplicate_score)
+    return dataclasses.replace(memory, dedupe=why)
+
+
+def policy(dedupe: object, threshold: object) -> tuple[DedupeMode, float | None]:
+    """The deduplication mode and threshold from the store's arguments (old ones included)."""
+    if (
+        threshold is not UNSET
+        and threshold is not None
+        and (isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 < threshold <= 1)
+    ):
+        raise InvalidInputError("must be in (0, 1]", field="duplicate_threshold")
+    if dedupe is None:  # before 'dedupe' existed: a threshold meant similarity merging, None meant off
+        if threshold is UNSET:
+            return "exact", None
+        return ("none", None) if threshold is None else ("similar", float(threshold))
+    mode: DedupeMode | None = next((m for m in DEDUPE_MODES if dedupe == m and isinstance(dedupe, str)), None)
+    if mode is None:
+        raise InvalidInputError(f"{dedupe!r} is not one of {list(DEDUPE_MODES)}", field="dedupe")
+    if mode == "similar":
+        if threshold is None:
+            raise InvalidInputError(
+                "dedupe='similar' needs a threshold in (0, 1]", field="duplicate_threshold"
+            )
+        return mode, DEFAULT_DUPLICATE_THRESHOLD if threshold is UNSET else float(threshold)
+    if threshold is not UNSET and threshold is not None:
+        raise InvalidInputError("is used only with dedupe='similar'", field="duplicate_threshold")
+    return mode, None
