@@ -99,7 +99,11 @@ def ingest(
     for t in turns:
         sessions[t.session].append(t)
     stands_for: dict[str, str] = {}
-    for session, ts in sessions.items():
+    # LanceDB: compact the many small writes from time to time, as its docs ask of bulk loads
+    optimize = getattr(store, "optimize", lambda: None)
+    for n, (session, ts) in enumerate(sessions.items(), start=1):
+        if n % 200 == 0:
+            optimize()
         clock.now = ts[0].at
         items = [
             MemoryInput(
@@ -111,9 +115,7 @@ def ingest(
         ]
         for t, m in zip(ts, store.remember_many(owner or ts[0].owner, items), strict=True):
             stands_for[t.id] = m.id
-    optimize = getattr(store, "optimize", None)
-    if optimize is not None:  # LanceDB: compact the many small writes, as its docs ask after bulk loads
-        optimize()
+    optimize()
     return stands_for
 
 

@@ -431,11 +431,11 @@ class MemoryStoreSuite:
         old = make_store(FakeEmbedder(64, name="old-model"))
         old.remember_many("alice", FACTS)
         new = make_store(FakeEmbedder(32, name="new-model"))
-        assert new.search("alice", "Alice dog Rex", k=5) == []
+        assert new.search("alice", "Alice dog Rex", k=5, mode="vector") == []
         seen: list[tuple[int, int]] = []
         assert new.reembed(batch_size=2, progress=lambda done, total: seen.append((done, total))) == 5
         assert seen == [(2, 5), (4, 5), (5, 5)]
-        assert new.search("alice", "Alice dog Rex", k=1)[0].memory.content == FACTS[1]
+        assert new.search("alice", "Alice dog Rex", k=1, mode="vector")[0].memory.content == FACTS[1]
         assert {m.model for m in new.list_memories("alice")} == {"new-model"}
         assert new.reembed() == 0
 
