@@ -7,7 +7,10 @@ written before the next step starts). In the same run and on the same machine:
 
 * the graph without a checkpointer (the floor), then with ``SqliteSaver`` and
   ``StatekeepSaver`` on SQLite, ``PostgresSaver`` and ``StatekeepSaver`` on PostgreSQL;
-* per-step overhead: (time with the saver - time of the floor) / steps, median of ``--trials``;
+* per-step overhead: (time with the saver - time of the floor of the same trial) / steps;
+  the trials are interleaved (each trial runs every configuration once, in a rotated order)
+  so that a slow spell of a shared machine hits every saver alike; the medians, minima and
+  maxima over ``--trials`` are reported, and the ratio of the medians;
 * bytes stored after the run: the SQLite file's growth, or the total size of the saver's
   PostgreSQL tables (indexes and TOAST included).
 
@@ -100,31 +103,58 @@ def fresh_pg(admin_url: str) -> Iterator[str]:
     yield admin.set(database=name).render_as_string(False)
 
 
-def measure(
-    name: str, make: Callable[[], tuple[Any, Callable[[], int]]], steps: int, trials: int
-) -> dict[str, Any]:
-    times, sizes = [], []
-    for _ in range(trials):
-        saver, size = make()
-        times.append(run(saver, steps))
-        sizes.append(size())
-    print(
-        f"  {name:28} {statistics.median(times):8.2f} s   {statistics.median(sizes) / 1e6:9.2f} MB",
-        flush=True,
-    )
-    return {"seconds": statistics.median(times), "bytes": int(statistics.median(sizes))}
+def measure_once(make: Make, steps: int) -> tuple[float, int]:
+    """Seconds of one run on a fresh saver, and the bytes it stored."""
+    saver, size = make()
+    try:
+        return run(saver, steps), size()
+    finally:
+        close = getattr(saver, "close", None) or getattr(getattr(saver, "conn", None), "close", None)
+        if close is not None:
+            close()
+
+
+def interleaved(makers: dict[str, Make], steps: int, trials: int) -> dict[str, dict[str, list[float]]]:
+    """Every configuration once per trial, the order rotated from trial to trial."""
+    names = list(makers)
+    out: dict[str, dict[str, list[float]]] = {n: {"seconds": [], "bytes": []} for n in names}
+    for trial in range(trials):
+        order = names[trial % len(names) :] + names[: trial % len(names)]
+        for name in order:
+            seconds, size = measure_once(makers[name], steps)
+            out[name]["seconds"].append(seconds)
+            out[name]["bytes"].append(size)
+            print(f"  trial {trial + 1}  {name:28} {seconds:8.2f} s   {size / 1e6:9.2f} MB", flush=True)
+    return out
+
+
+def summarize(raw: dict[str, dict[str, list[float]]], steps: int) -> dict[str, Any]:
+    """Per saver: median, min and max per-step overhead over the floor of the same trial; bytes."""
+    floors = raw.pop("no checkpointer")["seconds"]
+    out: dict[str, Any] = {"floor_seconds_median": statistics.median(floors)}
+    for name, m in raw.items():
+        overheads = [(s - f) / steps * 1000 for s, f in zip(m["seconds"], floors, strict=True)]
+        out[name] = {
+            "seconds_median": round(statistics.median(m["seconds"]), 3),
+            "overhead_ms_per_step": round(statistics.median(overheads), 3),
+            "overhead_ms_per_step_min": round(min(overheads), 3),
+            "overhead_ms_per_step_max": round(max(overheads), 3),
+            "overheads_ms_per_step": [round(o, 3) for o in overheads],
+            "bytes": int(statistics.median(m["bytes"])),
+            "bytes_per_step": round(statistics.median(m["bytes"]) / steps),
+        }
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--trials", type=int, default=1)
+    parser.add_argument("--trials", type=int, default=5)
     args = parser.parse_args(argv)
     steps, trials = args.steps, args.trials
     results: dict[str, Any] = {"steps": steps, "trials": trials, "message_chars": len(MESSAGE)}
     with tempfile.TemporaryDirectory() as tmp, postgres() as pg:
-        print(f"{steps} steps, one 400-character message each (durability=sync)")
-        floor = measure("no checkpointer", lambda: (None, lambda: 0), steps, trials)
+        print(f"{steps} steps, one 400-character message each (durability=sync), {trials} trials")
 
         def sqlite_saver() -> tuple[Any, Callable[[], int]]:
             from langgraph.checkpoint.sqlite import SqliteSaver
@@ -154,28 +184,30 @@ def main(argv: list[str] | None = None) -> int:
                 tables = [f"statekeep_langgraph.{t}" for t in ("checkpoints", "blobs", "writes")]
                 return StatekeepSaver(url), lambda: pg_bytes(url, tables)
 
-        savers = {
+        savers: dict[str, Make] = {
+            "no checkpointer": lambda: (None, lambda: 0),
             "sqlite/SqliteSaver": sqlite_saver,
             "sqlite/StatekeepSaver": statekeep_sqlite,
             "postgresql/PostgresSaver": postgres_saver,
             "postgresql/StatekeepSaver": statekeep_pg,
         }
-        measured = {name: measure(name, make, steps, trials) for name, make in savers.items()}
-    for m in measured.values():
-        m["overhead_ms_per_step"] = round((m["seconds"] - floor["seconds"]) / steps * 1000, 3)
-        m["bytes_per_step"] = round(m["bytes"] / steps)
+        measured = summarize(interleaved(savers, steps, trials), steps)
+    results["floor_seconds"] = measured.pop("floor_seconds_median")
     for backend, theirs in (("sqlite", "SqliteSaver"), ("postgresql", "PostgresSaver")):
         ours, ref = measured[f"{backend}/StatekeepSaver"], measured[f"{backend}/{theirs}"]
         results[f"{backend}_overhead_ratio"] = round(
             ours["overhead_ms_per_step"] / ref["overhead_ms_per_step"], 3
         )
         results[f"{backend}_bytes_ratio"] = round(ours["bytes"] / ref["bytes"], 4)
-    results["floor_seconds"] = floor["seconds"]
     results["savers"] = measured
     results["measured_at"] = datetime.now(UTC).isoformat()
     print("\nper-step overhead (ms) and bytes stored:")
     for name, m in measured.items():
-        print(f"  {name:28} {m['overhead_ms_per_step']:8.3f} ms/step   {m['bytes'] / 1e6:9.2f} MB")
+        print(
+            f"  {name:28} {m['overhead_ms_per_step']:8.3f} ms/step"
+            f" (min {m['overhead_ms_per_step_min']:.3f}, max {m['overhead_ms_per_step_max']:.3f})"
+            f"   {m['bytes'] / 1e6:9.2f} MB"
+        )
     for key in (
         "sqlite_overhead_ratio",
         "sqlite_bytes_ratio",

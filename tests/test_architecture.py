@@ -88,3 +88,51 @@ def test_the_workflow_package_writes_sql_only_in_its_sql_backend() -> None:
     for module in ("engine", "run_context", "execution", "tools", "waits", "worker"):
         imported = {m for m, _ in _runtime_imports(SRC / "workflow" / f"{module}.py")}
         assert not any(m.startswith("sqlalchemy") for m in imported), module
+
+
+def test_each_input_limit_is_defined_once() -> None:
+    """The id limit and the other input limits are constants of statekeep._check, not copies."""
+    copies = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+                if any(n in {"MAX_ID", "MAX_OWNER", "MAX_INT", "MAX_SECONDS", "MAX_DEPTH"} for n in names):
+                    copies.append(f"{path.relative_to(SRC)}: {names}")
+    assert sorted(copies) == sorted(
+        f"_check.py: {[n]}" for n in ("MAX_ID", "MAX_INT", "MAX_SECONDS", "MAX_DEPTH")
+    )
+
+
+def test_every_error_class_is_raised_or_is_the_kind_of_one_that_is() -> None:
+    """No dead branches in the error tree: each class is raised somewhere, or is a base of one that is."""
+    import statekeep.errors as errors
+
+    classes = {
+        name: cls
+        for name, cls in vars(errors).items()
+        if isinstance(cls, type) and issubclass(cls, errors.StatekeepError)
+    }
+    source = "\n".join(p.read_text() for p in SRC.rglob("*.py") if p.name != "errors.py")
+    raised = {name for name in classes if f"{name}(" in source}
+    dead = [
+        name
+        for name, cls in classes.items()
+        if name not in raised and not any(issubclass(classes[r], cls) for r in raised)
+    ]
+    assert dead == []
+
+
+def test_each_error_has_one_kind() -> None:
+    """One axis: every error class has exactly one statekeep base (a kind), never a second store axis."""
+    import statekeep.errors as errors
+
+    mixed = [
+        name
+        for name, cls in vars(errors).items()
+        if isinstance(cls, type)
+        and issubclass(cls, errors.StatekeepError)
+        and sum(issubclass(b, errors.StatekeepError) for b in cls.__bases__) > 1
+    ]
+    assert mixed == []

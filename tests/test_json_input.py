@@ -16,7 +16,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from statekeep._json import MAX_DEPTH, check_json, json_problem
+from statekeep._check import MAX_DEPTH, check_json, json_problem
 from statekeep.context import SQLContextStore
 from statekeep.errors import InvalidInputError, StateValidationError
 from statekeep.workflow import Engine, Registry, RunContext, RunStatus, codec

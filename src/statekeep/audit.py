@@ -20,8 +20,7 @@ from typing import Any, Literal, get_args
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from statekeep._numbers import check_int
-from statekeep._text import check_id
+from statekeep._check import check_id, check_int
 from statekeep.db import Database, Migration, upgrade
 from statekeep.db.types import UTCDateTime
 from statekeep.errors import InvalidInputError

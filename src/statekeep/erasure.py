@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from statekeep._text import check_id
+from statekeep._check import check_id
 from statekeep.errors import LiveRunsError, RunFinishedError
 
 if TYPE_CHECKING:

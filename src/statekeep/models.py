@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from statekeep._numbers import check_int, check_seconds
+from statekeep._check import check_int, check_seconds
 from statekeep.errors import ConfigError, InvalidInputError, MissingDependencyError, ModelError
 
 Message = dict[str, Any]

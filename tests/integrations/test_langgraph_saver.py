@@ -99,3 +99,51 @@ def test_pickle_fallback_is_refused() -> None:
 
     with pytest.raises(InvalidInputError, match="pickle"):
         StatekeepSaver("sqlite:///:memory:", serde=JsonPlusSerializer(pickle_fallback=True))
+
+
+class Ask(TypedDict):
+    question: str
+    answer: str
+
+
+def test_threads_are_runs_the_cli_lists(database_url: str) -> None:
+    """A thread is the run langgraph:<thread>: waiting at an interrupt, running on resume, gone on delete."""
+    import os
+    import subprocess
+    import sys
+
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.types import Command, interrupt
+
+    from statekeep.workflow import SQLWorkflowStore
+
+    def ask(state: Ask) -> dict[str, str]:
+        return {"answer": str(interrupt(state["question"]))}
+
+    g = StateGraph(Ask)
+    g.add_node("ask", ask)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", END)
+    saver = StatekeepSaver(database_url)
+    graph = g.compile(checkpointer=saver)
+    config: RunnableConfig = {"configurable": {"thread_id": "t-int"}}
+    graph.invoke({"question": "ship it?", "answer": ""}, config)
+    runs = SQLWorkflowStore(database_url)
+    assert runs.get("langgraph:t-int").status == "waiting_for_event"
+    listed = subprocess.run(
+        [sys.executable, "-m", "statekeep", "runs", "list", "--database-url", database_url],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "250"},
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "langgraph:t-int" in listed.stdout
+    assert "waiting_for_event" in listed.stdout
+    resume: Command[str] = Command(resume="yes")  # not Command[str](...): a slotted dataclass
+    out = graph.invoke(resume, config)
+    assert out["answer"] == "yes"
+    assert runs.get("langgraph:t-int").status == "running"
+    saver.delete_thread("t-int")
+    assert runs.find("langgraph:t-int") is None
+    runs.close()
+    saver.close()

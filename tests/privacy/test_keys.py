@@ -163,6 +163,26 @@ def test_workflow_payloads_are_sealed_and_a_store_without_keys_says_so(
     db.dispose()
 
 
+def test_text_search_finds_sealed_runs_by_their_input(database_url: str, tmp_path: Path) -> None:
+    """The console's text filter matches what a person sees: the decrypted input and error, not ciphertext."""
+    db = Database(database_url)
+    registry = Registry()
+
+    @registry.workflow("greet", owner="who")
+    def greet(ctx: RunContext, who: str, text: str) -> str:
+        return text
+
+    store = SQLWorkflowStore(db, keys=KeyRing(db, LocalKeyFile(tmp_path / "keys.json")))
+    engine = Engine(store, registry)
+    engine.run(greet, "g1", "alice", "refund order 4711")
+    engine.run(greet, "g2", "bob", "weather in Oslo")
+    assert [r.run_id for r in store.search_runs(text="ORDER 4711").runs] == ["g1"]
+    assert [r.run_id for r in store.search_runs(text="oslo", owner="bob").runs] == ["g2"]
+    assert store.search_runs(text="oslo", owner="alice").total == 0
+    assert [r.run_id for r in store.search_runs(text="g2").runs] == ["g2"]  # ids still match
+    db.dispose()
+
+
 def test_settings_choose_the_key_provider(tmp_path: Path) -> None:
     """local (default, <home>/keys.json), none, or module:callable returning a KeyProvider."""
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"

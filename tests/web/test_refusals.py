@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from statekeep._json import MAX_DEPTH
+from statekeep._check import MAX_DEPTH
 from statekeep.config import Settings
 from statekeep.errors import ConfigError, InvalidInputError
 from statekeep.runtime import Runtime

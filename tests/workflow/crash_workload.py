@@ -12,20 +12,17 @@ Effects are counted outside the database: append-only files (O_APPEND), one line
 
 from __future__ import annotations
 
-import os
-import signal
 import uuid
 from pathlib import Path
-from typing import Any
-
-import sqlalchemy as sa
 
 from statekeep.db import Database
 from statekeep.workflow import Engine, LedgerEntry, Reconciliation, Registry, RunContext
 
 from .conftest import append, lines
+from .crash_shapes import POINTS, Faults
 
-POINTS = ("before_step", "inside_step", "tool_started", "before_commit")
+__all__ = ["POINTS", "Faults", "build", "child"]
+
 STEPS = 4
 #: New runs a child killed at a fault point starts: every point occurs at least
 #: this often in them, so a child asked to die at its n-th (n <= 3) always does.
@@ -33,20 +30,6 @@ FRESH_RUNS = 5
 #: New runs a child killed at a random time may start: more than it can finish
 #: before the kill, so the workload is never used up, however fast the machine.
 RANDOM_RUNS = 1000
-
-
-class Faults:
-    """Kill this process at the ``n``-th occurrence of ``point``."""
-
-    def __init__(self, point: str | None, n: int) -> None:
-        self.point, self.n, self.seen = point, n, 0
-
-    def hit(self, point: str) -> None:
-        if point != self.point:
-            return
-        self.seen += 1
-        if self.seen >= self.n:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def build(work: Path, faults: Faults, *, reconcile: bool) -> Registry:
@@ -87,18 +70,7 @@ def child(url: str, work: Path, point: str | None, n: int, reconcile: bool, new_
     """Resume every unfinished run, then start ``new_runs`` new ones; die at the chosen fault."""
     faults = Faults(point, n)
     db = Database(url)
-    wrote_step = {"flag": False}
-
-    @sa.event.listens_for(db.engine, "before_cursor_execute")
-    def _spot(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().upper().startswith("INSERT INTO") and "steps" in statement.split("(")[0]:
-            wrote_step["flag"] = True
-
-    @sa.event.listens_for(db.engine, "commit")
-    def _commit(conn: Any) -> None:
-        if wrote_step["flag"]:
-            wrote_step["flag"] = False
-            faults.hit("before_commit")
+    faults.watch(db)
 
     engine = Engine(db, build(work, faults, reconcile=reconcile))
     crashy = engine.registry.get("crashy", 1)

@@ -180,7 +180,7 @@ def test_numbers_at_the_edges() -> None:
     retry policy caps its late delays instead of overflowing."""
     import numpy as np
 
-    from statekeep._numbers import check_int, check_seconds
+    from statekeep._check import check_int, check_seconds
 
     with pytest.raises(InvalidInputError) as err:
         check_seconds(10**400, "lease")

@@ -1,7 +1,7 @@
-"""The workflow-store conformance suite on SQLite and PostgreSQL.
+"""The workflow-store conformance suite on SQLite, PostgreSQL and the in-memory backend.
 
-The working state lives in the same database, so each step's completion commits
-in one transaction with the state version it produced.
+On SQL the working state lives in the same database, so each step's completion
+commits in one transaction with the state version it produced.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from statekeep.db import Database
 from statekeep.testing import WorkflowStoreFactory, WorkflowStoreSuite
-from statekeep.workflow import SQLWorkflowStore
+from statekeep.workflow import InMemoryWorkflowStore, SQLWorkflowStore
 from statekeep.working import SQLWorkingStateStore, WorkingStateStore
 
 
@@ -42,3 +42,10 @@ class TestPostgresWorkflow(_SQLSuite):
     @pytest.fixture
     def database_url(self, postgres_url: str) -> str:
         return postgres_url
+
+
+class TestInMemoryWorkflow(WorkflowStoreSuite):
+    @pytest.fixture
+    def make_store(self) -> WorkflowStoreFactory:
+        store = InMemoryWorkflowStore()
+        return lambda: store  # one process: every "reopening" is the same store

@@ -10,7 +10,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
+
+from statekeep._check import check_json, check_number, check_unicode
 
 # The memory item is defined beside its renderer, which the memory store shares.
 from statekeep._memory_block import MEMORY_SOURCES as MEMORY_SOURCES
@@ -20,17 +22,19 @@ from statekeep.errors import InvalidInputError
 
 Role = Literal["system", "user", "assistant", "tool"]
 
-#: Event kinds. Message kinds follow from the message; ``summary_updated`` is written by compaction.
-SYSTEM, USER, ASSISTANT, TOOL_CALL, TOOL_RESULT, SUMMARY = (
+#: Event kinds. Message kinds follow from the message; ``summary_updated`` is written by
+#: compaction; a ``marker`` (:meth:`ContextStore.mark`) ends the conversation before it.
+SYSTEM, USER, ASSISTANT, TOOL_CALL, TOOL_RESULT, SUMMARY, MARKER = (
     "system",
     "user",
     "assistant",
     "tool_call",
     "tool_result",
     "summary_updated",
+    "marker",
 )
 MESSAGE_KINDS = (SYSTEM, USER, ASSISTANT, TOOL_CALL, TOOL_RESULT)
-KINDS = (*MESSAGE_KINDS, SUMMARY)
+KINDS = (*MESSAGE_KINDS, SUMMARY, MARKER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +168,27 @@ class Summary:
 
 
 @dataclass(frozen=True, slots=True)
+class Marker:
+    """A ``marker`` event: the conversation before it is over (cleared, or rewound and re-told).
+
+    The log keeps every event; the context builder and compaction start after the
+    latest marker, so neither the events nor a summary from before it reach the model.
+    """
+
+    reason: str
+    text: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The marker as a JSON-safe dict (the stored payload)."""
+        return {"reason": self.reason, "text": self.text}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Marker:
+        """Rebuild a marker from :meth:`to_json` output."""
+        return cls(str(data["reason"]), str(data.get("text") or ""))
+
+
+@dataclass(frozen=True, slots=True)
 class LogEntry:
     """An event as the context builder reads it: what it is, and its tokens, without timestamp or key.
 
@@ -184,8 +209,8 @@ class LogEntry:
         """The message of a message event (built once: entries and messages are immutable)."""
         message = self._message
         if message is None:
-            if self.kind == SUMMARY:
-                raise InvalidInputError(f"event {self.seq} is a summary, not a message", field="kind")
+            if self.kind not in MESSAGE_KINDS:
+                raise InvalidInputError(f"event {self.seq} is a {self.kind}, not a message", field="kind")
             message = Message.from_json(self.payload)
             object.__setattr__(self, "_message", message)
         return message
@@ -196,6 +221,13 @@ class LogEntry:
         if self.kind != SUMMARY:
             raise InvalidInputError(f"event {self.seq} is a {self.kind}, not a summary", field="kind")
         return Summary.from_json(self.payload)
+
+    @property
+    def marker(self) -> Marker:
+        """The marker of a ``marker`` event."""
+        if self.kind != MARKER:
+            raise InvalidInputError(f"event {self.seq} is a {self.kind}, not a marker", field="kind")
+        return Marker.from_json(self.payload)
 
     def call_ids(self) -> list[str]:
         """The ids of the tool calls a ``tool_call`` event carries (without building the message)."""
@@ -255,3 +287,121 @@ class ContextReport:
     def sections(self) -> dict[str, int]:
         """Tokens per section, in prompt order."""
         return {s: getattr(self, s) for s in SECTIONS}
+
+
+# -- checks of records from callers (a Message or a mapping in the same shape) ------------
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def to_message(message: object) -> Message:
+    """Accept a :class:`Message` or a mapping in the same (provider-neutral) shape, and check it."""
+    if isinstance(message, Mapping):
+        message = _from_mapping(message)
+    if not isinstance(message, Message):
+        raise InvalidInputError(
+            f"expected a Message or a mapping, got {type(message).__name__}", field="message"
+        )
+    _check_shape(message)
+    _check_json(message.to_json())
+    return message
+
+
+def _from_mapping(data: Mapping[str, Any]) -> Message:
+    if "role" not in data:
+        raise InvalidInputError("a message mapping needs a 'role'", field="message.role")
+    calls = data.get("tool_calls") or ()
+    if not isinstance(calls, list | tuple) or not all(isinstance(c, Mapping) for c in calls):
+        raise InvalidInputError(
+            "must be a list of {id, name, arguments} mappings", field="message.tool_calls"
+        )
+    if data.get("is_error") is not None and not isinstance(data["is_error"], bool):
+        raise InvalidInputError("must be True or False", field="message.is_error")
+    for call in calls:
+        arguments = call.get("arguments")
+        if arguments is not None and not isinstance(arguments, Mapping):
+            raise InvalidInputError(
+                "must be a mapping (decode a JSON string of arguments first)", field="tool_call.arguments"
+            )
+    try:
+        return Message.from_json(data)
+    except (KeyError, TypeError) as exc:
+        raise InvalidInputError(f"malformed message: missing or bad {exc}", field="message") from exc
+
+
+def _check_shape(m: Message) -> None:
+    if m.role not in ROLES:
+        raise InvalidInputError(f"must be one of {ROLES}, got {m.role!r}", field="message.role")
+    if not isinstance(m.content, str):
+        raise InvalidInputError("must be a string", field="message.content")
+    if m.tool_calls and m.role != "assistant":
+        raise InvalidInputError("only assistant messages carry tool calls", field="message.tool_calls")
+    if (m.role == "tool") != (m.tool_call_id is not None):
+        raise InvalidInputError(
+            "a tool message, and only a tool message, names a call", field="message.tool_call_id"
+        )
+    if m.tool_call_id is not None and (not isinstance(m.tool_call_id, str) or not m.tool_call_id):
+        raise InvalidInputError("must be a non-empty string", field="message.tool_call_id")
+    if m.name is not None and (not isinstance(m.name, str) or not m.name):
+        raise InvalidInputError("must be a non-empty string or None", field="message.name")
+    if not isinstance(m.is_error, bool):
+        raise InvalidInputError("must be True or False", field="message.is_error")
+    if m.role == "assistant" and not m.content and not m.tool_calls:
+        raise InvalidInputError("an assistant message needs content or tool calls", field="message")
+    _check_calls(m.tool_calls)
+
+
+def _check_calls(calls: tuple[ToolCall, ...]) -> None:
+    ids: set[str] = set()
+    for call in calls:
+        if not isinstance(call, ToolCall):
+            raise InvalidInputError("each tool call must be a ToolCall", field="message.tool_calls")
+        if not isinstance(call.id, str) or not call.id or call.id in ids:
+            raise InvalidInputError(
+                f"call ids must be unique non-empty strings, got {call.id!r}", field="tool_call.id"
+            )
+        if not isinstance(call.name, str) or not call.name:
+            raise InvalidInputError("must be a non-empty string", field="tool_call.name")
+        if not isinstance(call.arguments, Mapping):
+            raise InvalidInputError("must be a mapping", field="tool_call.arguments")
+        ids.add(call.id)
+
+
+def _check_json(payload: dict[str, Any]) -> None:
+    check_json(payload, "message")  # depth and lone surrogates, before json.dumps can recurse
+    try:
+        text = json.dumps(payload, allow_nan=False, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"not JSON-safe: {exc}", field="message") from exc
+    if json.loads(text) != payload:
+        raise InvalidInputError("does not survive a JSON round trip unchanged", field="message")
+
+
+def to_memory(item: object) -> MemoryItem:
+    """Accept a :class:`MemoryItem`, a mapping, or any object with the same attribute names."""
+    if isinstance(item, MemoryItem):
+        data: Mapping[str, Any] = {f: getattr(item, f) for f in MemoryItem.__dataclass_fields__}
+    elif isinstance(item, Mapping):
+        data = item
+    else:
+        data = {f: getattr(item, f, None) for f in MemoryItem.__dataclass_fields__}
+    content, source = data.get("content"), data.get("source") or "agent_inferred"
+    if not isinstance(content, str) or not content.strip():
+        raise InvalidInputError("a memory needs non-empty text content", field="memories.content")
+    check_unicode(content, "memories.content")
+    if source not in MEMORY_SOURCES:
+        raise InvalidInputError(f"must be one of {MEMORY_SOURCES}, got {source!r}", field="memories.source")
+    ids = {k: data.get(k) for k in ("session_id", "run_id", "event_id", "memory_id")}
+    for key, value in ids.items():
+        if value is not None and not isinstance(value, str | int):
+            raise InvalidInputError("must be a string, an int or None", field=f"memories.{key}")
+        if isinstance(value, str):
+            check_unicode(value, f"memories.{key}")
+    kind, trust = data.get("kind"), data.get("trust")
+    if kind is not None and (not isinstance(kind, str) or not kind):
+        raise InvalidInputError("must be a non-empty string or None", field="memories.kind")
+    if kind is not None:
+        check_unicode(kind, "memories.kind")
+    if trust is not None:
+        check_number(trust, "memories.trust")
+    return MemoryItem(content, cast(MemorySource, source), **ids, kind=kind, trust=trust)

@@ -26,22 +26,20 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from statekeep._numbers import MAX_INT
+from statekeep._check import (
+    MAX_INT,
+    check_id,
+    check_int,
+    check_number,
+    check_optional_id,
+    check_text,
+    check_unicode,
+)
 from statekeep.context import compaction
 from statekeep.context._log import Draft, Head, LogView, check_reader, summary_event
-from statekeep.context._types import Event, Message, Summary
-from statekeep.context.summarize import OfflineSummarizer, Summarizer
-from statekeep.context.tokens import TokenCounter, default_counter, message_tokens
-from statekeep.context.validate import (
-    check_counter,
-    check_fraction,
-    check_key,
-    check_owner,
-    check_seq,
-    check_session_id,
-    check_summarizer,
-    to_message,
-)
+from statekeep.context._types import MARKER, Event, Marker, Message, Summary, to_message
+from statekeep.context.summarize import OfflineSummarizer, Summarizer, check_summarizer
+from statekeep.context.tokens import TokenCounter, check_counter, default_counter, message_tokens
 from statekeep.errors import (
     EventKeyConflictError,
     EventsPrunedError,
@@ -89,8 +87,8 @@ class ContextStore(ABC):
         )
         #: Tokens per event of the tails read so far: sizes the next build's page reads.
         self._tokens_per_event = 32.0
-        self.high_water = check_fraction(high_water, "high_water")
-        self.low_water = check_fraction(low_water, "low_water")
+        self.high_water = check_number(high_water, "high_water", open_below=True)
+        self.low_water = check_number(low_water, "low_water", open_below=True)
         if self.low_water >= self.high_water:
             raise InvalidInputError("must be below high_water", field="low_water")
 
@@ -108,7 +106,7 @@ class ContextStore(ABC):
             SessionOwnerError: the session belongs to another owner; nothing was written.
             InvalidInputError: a malformed session id or owner.
         """
-        check_session_id(session_id)
+        check_id(session_id, "session_id")
         owner = _required_owner(owner)
         actual = self._claim(session_id, owner)
         if actual != owner:
@@ -117,7 +115,7 @@ class ContextStore(ABC):
     def owner_of(self, session_id: str) -> str | None:
         """The session's owner; None when the session does not exist or has no owner yet."""
         with self._view() as view:
-            head = view.head(check_session_id(session_id))
+            head = view.head(check_id(session_id, "session_id"))
         return None if head is None else head.owner
 
     def sessions_of(self, owner: str) -> list[str]:
@@ -163,9 +161,9 @@ class ContextStore(ABC):
             EventKeyConflictError: ``key`` already names a different message; nothing was written.
             SessionOwnerError: the session belongs to another owner; nothing was written.
         """
-        check_session_id(session_id)
-        owner = check_owner(owner)
-        draft = replace(self._draft(to_message(message)), key=check_key(key))
+        check_id(session_id, "session_id")
+        owner = check_optional_id(owner, "owner")
+        draft = replace(self._draft(to_message(message)), key=check_optional_id(key, "key"))
         stored = self._append(session_id, [draft], None, owner)[0]
         if key is not None and (stored.kind, stored.payload) != (draft.kind, draft.payload):
             raise EventKeyConflictError(session_id, key, stored.seq)
@@ -180,11 +178,11 @@ class ContextStore(ABC):
         Raises:
             SessionOwnerError: ``owner`` is given and the session is not theirs.
         """
-        check_session_id(session_id)
-        checked = check_key(key)
+        check_id(session_id, "session_id")
+        checked = check_optional_id(key, "key")
         if checked is None:
             raise InvalidInputError("must be a non-empty string", field="key")
-        owner = check_owner(owner)
+        owner = check_optional_id(owner, "owner")
         with self._view() as view:
             if owner is not None:
                 check_reader(session_id, view.head(session_id), owner)
@@ -201,13 +199,80 @@ class ContextStore(ABC):
 
         ``owner`` is checked (or claims the session) as in :meth:`append`.
         """
-        check_session_id(session_id)
-        owner = check_owner(owner)
+        check_id(session_id, "session_id")
+        owner = check_optional_id(owner, "owner")
         if isinstance(messages, str | bytes | Mapping | Message) or not isinstance(messages, Iterable):
             raise InvalidInputError("must be a list of messages", field="messages")
         drafts = [self._draft(to_message(m)) for m in messages]
         if not drafts:
             raise InvalidInputError("nothing to append", field="messages")
+        return self._append(session_id, drafts, None, owner)
+
+    def mark(
+        self,
+        session_id: str,
+        reason: str,
+        *,
+        text: str = "",
+        key: str | None = None,
+        owner: str | None = None,
+    ) -> Event:
+        """Append a ``marker``: the conversation before it is over (the log keeps it all).
+
+        The context builder and compaction start after the latest marker: the
+        events before it, and any summary of them, no longer reach the model.
+        ``reason`` says why (``cleared``, ``rewound``...), ``text`` is shown to a
+        person reading the log. ``key`` and ``owner`` act as in :meth:`append`.
+
+        Examples:
+            >>> from statekeep.context import InMemoryContextStore, Message
+            >>> store = InMemoryContextStore()
+            >>> _ = store.append("s", Message.user("forget this"))
+            >>> store.mark("s", "cleared").kind
+            'marker'
+            >>> store.build("s", 1000).messages
+            ()
+
+        Raises:
+            InvalidInputError: the session id, reason, text or key is malformed; nothing was written.
+            EventKeyConflictError: ``key`` already names a different event; nothing was written.
+            SessionOwnerError: the session belongs to another owner; nothing was written.
+        """
+        check_id(session_id, "session_id")
+        owner = check_optional_id(owner, "owner")
+        reason = check_text(reason, "reason", limit=64)
+        if not isinstance(text, str):
+            raise InvalidInputError("must be a string", field="text")
+        payload = Marker(reason, check_unicode(text, "text")).to_json()
+        draft = Draft(MARKER, payload, 0, self.counter.name, datetime.now(UTC), check_optional_id(key, "key"))
+        stored = self._append(session_id, [draft], None, owner)[0]
+        if key is not None and (stored.kind, stored.payload) != (draft.kind, draft.payload):
+            raise EventKeyConflictError(session_id, key, stored.seq)
+        return stored
+
+    def copy_events(
+        self, session_id: str, events: Sequence[Event], *, owner: str | None = None
+    ) -> list[Event]:
+        """Append events read from a log (another session's, to fork it) in one transaction.
+
+        Each keeps its kind, payload, token count, counter, time and key; the
+        sequence numbers are this session's next ones. ``owner`` acts as in
+        :meth:`append`.
+
+        Raises:
+            InvalidInputError: ``events`` is empty or holds something else than events.
+            SessionOwnerError: the session belongs to another owner; nothing was written.
+        """
+        check_id(session_id, "session_id")
+        owner = check_optional_id(owner, "owner")
+        if isinstance(events, Event) or not isinstance(events, Sequence) or not events:
+            raise InvalidInputError("must be a non-empty list of events", field="events")
+        if not all(isinstance(e, Event) for e in events):
+            raise InvalidInputError("must hold only Event records", field="events")
+        drafts = [
+            Draft(e.kind, e.payload, e.tokens, e.counter, e.created_at, check_optional_id(e.key, "key"))
+            for e in events
+        ]
         return self._append(session_id, drafts, None, owner)
 
     def _draft(self, message: Message) -> Draft:
@@ -219,7 +284,7 @@ class ContextStore(ABC):
     def last_seq(self, session_id: str) -> int:
         """The seq of the session's latest event, 0 when it has none (the runtime's context cursor)."""
         with self._view() as view:
-            head = view.head(check_session_id(session_id))
+            head = view.head(check_id(session_id, "session_id"))
         return head.last_seq if head else 0
 
     def events(
@@ -230,21 +295,21 @@ class ContextStore(ABC):
         Raises:
             SessionOwnerError: ``owner`` is given and the session is not theirs.
         """
-        check_session_id(session_id)
-        owner = check_owner(owner)
-        check_seq(after, "after")
+        check_id(session_id, "session_id")
+        owner = check_optional_id(owner, "owner")
+        check_int(after, "after")
         with self._view() as view:
             head = view.head(session_id)
             check_reader(session_id, head, owner)
             if after == MAX_INT:
                 return []  # nothing comes after the last 64-bit sequence number
             last = upto if upto is not None else (head or Head(0, 0, 0)).last_seq
-            return view.range(session_id, after + 1, check_seq(last, "upto"))
+            return view.range(session_id, after + 1, check_int(last, "upto"))
 
     def latest_summary(self, session_id: str) -> Summary | None:
         """The session's current rolling summary, None when it has none."""
         with self._view() as view:
-            event = summary_event(view, check_session_id(session_id))
+            event = summary_event(view, check_id(session_id, "session_id"))
         return event.summary if event else None
 
     def build(
@@ -288,7 +353,7 @@ class ContextStore(ABC):
         counter = check_counter(counter) if counter is not None else self.counter
         if not isinstance(compact, bool):
             raise InvalidInputError("must be True or False", field="compact")
-        owner = check_owner(owner)
+        owner = check_optional_id(owner, "owner")
         with tracing.span("context.build") as span:
             built = build(self, session_id, budget, system, pinned, memories, compact, counter, owner)
             tracing.context_built(span, built.report)
@@ -308,11 +373,11 @@ class ContextStore(ABC):
                 session has no events); nothing was saved.
             SummaryConflictError: a concurrent compaction saved a summary first.
         """
-        check_session_id(session_id)
+        check_id(session_id, "session_id")
         summarizer = check_summarizer(summarizer) if summarizer is not None else self.summarizer
         with self._view() as view:
             head = view.head(session_id) or Head(0, 0, 0)
-            upto = head.last_seq if upto is None else min(check_seq(upto, "upto"), head.last_seq)
+            upto = head.last_seq if upto is None else min(check_int(upto, "upto"), head.last_seq)
             plan = compaction.fold_plan(view, session_id, head, upto)
             current = summary_event(view, session_id)
         if not plan.events and current is not None:
@@ -329,7 +394,7 @@ class ContextStore(ABC):
             EventsPrunedError: retention deleted the raw events the summary covers.
             SummaryError: the summarizer failed or returned nothing; nothing was saved.
         """
-        check_session_id(session_id)
+        check_id(session_id, "session_id")
         check_summarizer(summarizer)
         with self._view() as view:
             head = view.head(session_id)
@@ -347,7 +412,7 @@ class ContextStore(ABC):
 
         Summary events are kept. Afterwards that summary can no longer be regenerated.
         """
-        summary = self.latest_summary(check_session_id(session_id))
+        summary = self.latest_summary(check_id(session_id, "session_id"))
         return 0 if summary is None else self._delete_covered(session_id, summary.covers_to)
 
     # --- primitives ----------------------------------------------------------------------
@@ -393,7 +458,7 @@ class ContextStore(ABC):
 
 
 def _required_owner(owner: object) -> str:
-    checked = check_owner(owner)
+    checked = check_optional_id(owner, "owner")
     if checked is None:
         raise InvalidInputError("must be a non-empty string of at most 255 characters", field="owner")
     return checked

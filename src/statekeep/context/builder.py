@@ -7,28 +7,36 @@ page, only until the window budget is exceeded: O(window), never O(history).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from statekeep._check import check_id, check_int, check_json, check_unicode
 from statekeep._memory_block import render_memories
-from statekeep._text import check_unicode
 from statekeep.context import compaction
 from statekeep.context._log import Head, LogView, check_reader, summary_event
 from statekeep.context._types import (
-    SUMMARY,
+    MARKER,
+    MESSAGE_KINDS,
     TOOL_CALL,
     TOOL_RESULT,
     ContextReport,
     LogEntry,
     MemoryItem,
     Message,
+    to_memory,
 )
 from statekeep.context.render import render_pinned, render_summary, to_anthropic, to_openai
 from statekeep.context.tokens import REPLY_OVERHEAD, TokenCounter, message_tokens, text_tokens
-from statekeep.context.validate import check_budget, check_pinned, check_session_id, to_memory
 from statekeep.context.window import TokensOf, Window, enforce_pairing, select_window
-from statekeep.errors import ContextBudgetError, ContextError, InvalidInputError
+from statekeep.errors import (
+    ContextBudgetError,
+    EventsPrunedError,
+    InvalidInputError,
+    SummaryConflictError,
+    SummaryError,
+)
 
 if TYPE_CHECKING:
     from statekeep.context.base import ContextStore
@@ -106,8 +114,8 @@ def build(
     owner: str | None = None,
 ) -> BuiltContext:
     """See :meth:`ContextStore.build`."""
-    check_session_id(session_id)
-    check_budget(budget)
+    check_id(session_id, "session_id")
+    check_int(budget, "budget", minimum=1)
     pinned = check_pinned(pinned)
     items = _memories(memories)
     rounds = MAX_ROUNDS if compact else 0
@@ -148,9 +156,14 @@ def _build_once(
         head = found or Head(0, 0, 0)
         floor = _add_summary(sections, view, session_id, head, budget, counter)
         room = budget - sections.used
-        tail, complete, per_event = _read_tail(
+        tail, complete, per_event, marker = _read_tail(
             view, session_id, floor, room, tokens_of, store._tokens_per_event
         )
+        if marker is not None and head.summary_seq and head.summary_seq < marker:
+            # the summary tells of a conversation the marker ended: build without it
+            _drop_summary(sections)
+            room = budget - sections.used
+            tail, complete, per_event, _ = _read_tail(view, session_id, marker, room, tokens_of, per_event)
     store._tokens_per_event = per_event
     window = select_window(tail, room, tokens_of, lambda m: message_tokens(counter, m))
     needs = _needs_compaction(tail, complete, room, store.high_water, tokens_of)
@@ -210,9 +223,15 @@ def _add_summary(
     return max(summary.covers_to, head.pruned_to)
 
 
+def _drop_summary(sections: _Sections) -> None:
+    if sections.tokens.pop("summary", None) is not None:
+        sections.messages.pop()  # the summary is the last section added
+    sections.summary_dropped = False
+
+
 def _tokens_of(counter: TokenCounter) -> TokensOf:
     def tokens_of(event: LogEntry) -> int:
-        if event.kind == SUMMARY:
+        if event.kind not in MESSAGE_KINDS:
             return 0
         if event.counter == counter.name:
             return event.tokens
@@ -223,11 +242,12 @@ def _tokens_of(counter: TokenCounter) -> TokensOf:
 
 def _read_tail(
     view: LogView, session_id: str, floor: int, room: int, tokens_of: TokensOf, per_event: float
-) -> tuple[list[LogEntry], bool, float]:
-    """Newest events after ``floor`` until the units they open pass ``room``.
+) -> tuple[list[LogEntry], bool, float, int | None]:
+    """Newest events after ``floor`` until the units they open pass ``room``, or a marker.
 
-    Returns the events (oldest first), True if all were read, and the tokens
-    per event read. Pages are sized to what is still missing, at ``per_event``
+    Returns the events (oldest first), True if all were read, the tokens
+    per event read, and the seq of the marker the read stopped at (None if none).
+    Pages are sized to what is still missing, at ``per_event``
     tokens per event (then at the rate read so far) plus a margin, so a build
     usually reads one page about the window's length: no second round trip,
     and few rows decoded for nothing.
@@ -240,21 +260,25 @@ def _read_tail(
     total = seen = 0
     before: int | None = None
     complete = False
+    marker = None
     while not complete and total <= room:
         limit = min(PAGE_MAX, PAGE_MIN + int(1.25 * (room - total) / per_event))
         page = view.tail(session_id, after=floor, before=before, limit=limit)
         for event in page:
+            if event.kind == MARKER:
+                marker = event.seq
+                break
             events.append(event)
             tokens = tokens_of(event)
             seen += tokens
             total += _opened(event, tokens, waiting)
             if total > room:
                 break
-        complete = len(page) < limit
-        if page:
+        complete = len(page) < limit or marker is not None
+        if page and events:
             before, per_event = page[-1].seq, max(1.0, seen / len(events))
     events.reverse()
-    return events, complete and total <= room, per_event
+    return events, complete and total <= room, per_event, marker
 
 
 #: Bounds of one page of the tail read (rows).
@@ -297,7 +321,7 @@ def _compact(
         if not plan.events:
             return False, None
         compaction.fold(store, session_id, plan, store.summarizer, store.counter)
-    except ContextError as exc:
+    except (SummaryError, SummaryConflictError, EventsPrunedError) as exc:
         return False, str(exc)
     return True, None
 
@@ -330,3 +354,23 @@ def _assemble(
         orphans_dropped=window.dropped_events + removed,
     )
     return BuiltContext(tuple(messages), report)
+
+
+def check_pinned(pinned: object) -> str | Mapping[str, Any] | None:
+    """Pinned state: None, text, or a JSON-safe mapping."""
+    if pinned is None:
+        return pinned
+    if isinstance(pinned, str):
+        return check_unicode(pinned, "pinned")
+    if not isinstance(pinned, Mapping):
+        raise InvalidInputError(f"must be text or a mapping, got {type(pinned).__name__}", field="pinned")
+    check_json(pinned, "pinned")
+    try:
+        json.dumps(pinned, allow_nan=False, sort_keys=True, default=_no_default, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"not JSON-safe: {exc}", field="pinned") from exc
+    return pinned
+
+
+def _no_default(value: object) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON-safe")

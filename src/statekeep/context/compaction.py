@@ -13,7 +13,16 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from statekeep.context._log import Draft, Head, LogView, summary_event
-from statekeep.context._types import SUMMARY, TOOL_CALL, TOOL_RESULT, Event, LogEntry, Summary
+from statekeep.context._types import (
+    MARKER,
+    MESSAGE_KINDS,
+    SUMMARY,
+    TOOL_CALL,
+    TOOL_RESULT,
+    Event,
+    LogEntry,
+    Summary,
+)
 from statekeep.context.render import render_summary
 from statekeep.context.summarize import Summarizer, input_hash
 from statekeep.context.tokens import TokenCounter, text_tokens
@@ -38,11 +47,18 @@ class FoldPlan:
 
 
 def fold_plan(view: LogView, session_id: str, head: Head, upto: int) -> FoldPlan:
-    """Plan folding every unsummarized event up to ``upto`` into the current summary."""
+    """Plan folding every unsummarized event up to ``upto`` into the current summary.
+
+    After a marker the fold starts afresh: neither the summary nor the events before it carry over.
+    """
     current = summary_event(view, session_id)
     previous = current.summary if current else None
     floor = max(previous.covers_to if previous else 0, head.pruned_to)
-    events = tuple(e for e in view.range(session_id, floor + 1, upto) if e.kind != SUMMARY)
+    stored = view.range(session_id, floor + 1, upto)
+    marker = max((e.seq for e in stored if e.kind == MARKER), default=None)
+    if marker is not None:
+        previous, floor = None, marker
+    events = tuple(e for e in stored if e.seq > floor and e.kind in MESSAGE_KINDS)
     start = previous.covers_from if previous else (events[0].seq if events else floor + 1)
     end = max(upto, floor)
     return FoldPlan(previous.text if previous else None, head.summary_seq, events, start, end)
@@ -51,7 +67,7 @@ def fold_plan(view: LogView, session_id: str, head: Head, upto: int) -> FoldPlan
 def regenerate_plan(view: LogView, session_id: str, head: Head, covered: Summary) -> FoldPlan:
     """Plan re-summarizing the raw events a summary covers, from scratch."""
     events = view.range(session_id, covered.covers_from, covered.covers_to)
-    raw = tuple(e for e in events if e.kind != SUMMARY)
+    raw = tuple(e for e in events if e.kind in MESSAGE_KINDS)
     return FoldPlan(None, head.summary_seq, raw, covered.covers_from, covered.covers_to)
 
 

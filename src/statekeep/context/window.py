@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from statekeep.context._types import SUMMARY, TOOL_CALL, TOOL_RESULT, LogEntry, Message
+from statekeep.context._types import MESSAGE_KINDS, TOOL_CALL, TOOL_RESULT, LogEntry, Message
 
 TokensOf = Callable[[LogEntry], int]
 Recount = Callable[[Message], int]
@@ -72,7 +72,7 @@ def _slots(events: Sequence[LogEntry]) -> tuple[list[LogEntry | _Turn], int]:
     open_calls: dict[str, _Turn] = {}
     dropped = 0
     for event in events:
-        if event.kind == SUMMARY:
+        if event.kind not in MESSAGE_KINDS:  # summaries and markers are no messages
             continue
         if event.kind == TOOL_RESULT:
             dropped += not _attach(open_calls, event)

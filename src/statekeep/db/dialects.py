@@ -21,6 +21,9 @@ class Dialect:
     name = "base"
     #: True where a store's schema name maps onto a real SQL schema.
     has_schemas = False
+    #: True where the database takes one write transaction at a time (SQLite): writers of
+    #: one process may queue on a lock instead of sleeping in the database's busy handler.
+    single_writer = False
 
     def configure(self, engine: Engine) -> None:
         """Install connection-level settings (pragmas, event hooks)."""
@@ -75,6 +78,7 @@ class SQLiteDialect(Dialect):
     """
 
     name = "sqlite"
+    single_writer = True
 
     def configure(self, engine: Engine) -> None:
         @sa.event.listens_for(engine, "connect")

@@ -7,8 +7,11 @@ import hashlib
 import unicodedata
 from typing import Any
 
+import numpy as np
+
 from statekeep.errors import InvalidInputError
-from statekeep.memory._types import DEDUPE_MODES, Dedupe, DedupeMode, Memory
+from statekeep.memory._types import DEDUPE_MODES, Dedupe, DedupeMode, Memory, SearchResult
+from statekeep.memory.embedders import Vectors
 
 
 def normalize(text: str) -> str:
@@ -77,3 +80,43 @@ def policy(dedupe: object, threshold: object) -> tuple[DedupeMode, float | None]
     if threshold is not UNSET and threshold is not None:
         raise InvalidInputError("is used only with dedupe='similar'", field="duplicate_threshold")
     return mode, None
+
+
+def plan(idents: list[str], found: dict[str, Memory], policy: DedupeMode) -> tuple[dict[str, int], list[int]]:
+    """Which items of a batch to store: (identity -> the item that stores it, the items to store).
+
+    An item is stored unless the policy deduplicates and its identity is stored already
+    (``found``) or belongs to an earlier item of the batch.
+    """
+    first: dict[str, int] = {}
+    fresh: list[int] = []
+    for i, ident in enumerate(idents):
+        if policy == "none" or (ident not in found and ident not in first):
+            first.setdefault(ident, i)
+            fresh.append(i)
+    return first, fresh
+
+
+def similar_links(
+    vectors: Vectors, ids: list[str], stored: list[SearchResult | None], threshold: float
+) -> list[tuple[str, float] | None]:
+    """For each new vector, the memory it merges into (a stored one, or an earlier new one) and the cosine.
+
+    ``stored`` holds each vector's nearest stored memory; a new memory merges into the
+    nearest of that and the batch's earlier items that are not merged themselves, if at
+    least ``threshold`` close.
+    """
+    links: list[tuple[str, float] | None] = []
+    originals: list[int] = []  # batch items that are not duplicates themselves
+    for i, vec in enumerate(vectors):
+        hit = stored[i]
+        score, link = (hit.score, hit.memory.id) if hit else (-1.0, None)
+        if originals:
+            sims = vectors[originals] @ vec
+            j = int(np.argmax(sims))
+            if sims[j] > score:
+                score, link = float(sims[j]), ids[originals[j]]
+        links.append((link, score) if link is not None and score >= threshold else None)
+        if links[-1] is None:
+            originals.append(i)
+    return links

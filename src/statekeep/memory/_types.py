@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
+
+from statekeep._check import (
+    check_choice,
+    check_choices,
+    check_duration,
+    check_id,
+    check_json_object,
+    check_number,
+    check_optional_id,
+    check_text,
+    check_time,
+)
+from statekeep.errors import InvalidInputError
 
 MemoryKind = Literal["semantic", "episodic", "procedural"]
 SourceKind = Literal["user_supplied", "agent_inferred", "system_verified", "imported"]
@@ -19,6 +32,13 @@ DedupeReason = Literal["same_key", "same_text", "similar"]
 MEMORY_KINDS: tuple[MemoryKind, ...] = ("semantic", "episodic", "procedural")
 SOURCE_KINDS: tuple[SourceKind, ...] = ("user_supplied", "agent_inferred", "system_verified", "imported")
 DEDUPE_MODES: tuple[DedupeMode, ...] = ("exact", "similar", "none")
+
+#: The longest memory (and search query), in characters.
+MAX_CONTENT = 65_536
+#: The longest tag, in characters.
+MAX_TAG = 128
+#: The most results one search returns.
+MAX_K = 1000
 
 #: The trust a memory gets from its source kind when the caller does not set one.
 DEFAULT_TRUST: Mapping[SourceKind, float] = {
@@ -225,3 +245,83 @@ class Filters:
             and (not self.sources or memory.provenance.source in self.sources)
             and (self.min_trust is None or memory.trust >= self.min_trust)
         )
+
+
+# -- checks of what callers pass in (before anything is embedded or written) ---------------
+
+
+def check_tags(tags: object) -> tuple[str, ...]:
+    """Tags: an iterable of non-empty strings (a single string is one tag)."""
+    if tags is None:
+        return ()
+    items = (tags,) if isinstance(tags, str) else tags
+    if not isinstance(items, Iterable) or isinstance(items, Mapping):
+        raise InvalidInputError("must be a list of strings", field="tags")
+    return tuple(dict.fromkeys(check_text(t, "tags", limit=MAX_TAG) for t in items))
+
+
+def check_provenance(provenance: object) -> Provenance:
+    """A :class:`Provenance` with a known source kind and a trust in [0, 1]."""
+    if provenance is None:
+        return Provenance()
+    if not isinstance(provenance, Provenance):
+        raise InvalidInputError("must be a Provenance", field="provenance")
+    check_choice(provenance.source, SOURCE_KINDS, "provenance.source")
+    check_number(provenance.trust, "provenance.trust")
+    for name in ("session_id", "run_id", "event_id"):
+        value = getattr(provenance, name)
+        if value is not None:
+            check_id(value, f"provenance.{name}")
+    return provenance
+
+
+def check_input(item: object, now: datetime) -> MemoryInput:
+    """Validate one memory to write; a plain string is a semantic memory with default provenance."""
+    if isinstance(item, str):
+        item = MemoryInput(item)
+    if not isinstance(item, MemoryInput):
+        raise InvalidInputError("each item must be a string or a MemoryInput", field="items")
+    expires = check_time(item.expires_at, "expires_at")
+    if expires is not None and expires <= now:
+        raise InvalidInputError("must be in the future", field="expires_at")
+    return MemoryInput(
+        content=check_text(item.content, "content", limit=MAX_CONTENT),
+        kind=check_choice(item.kind, MEMORY_KINDS, "kind"),
+        tags=check_tags(item.tags),
+        metadata=check_json_object(item.metadata, "metadata"),
+        provenance=check_provenance(item.provenance),
+        expires_at=expires,
+        key=check_optional_id(item.key, "key"),
+    )
+
+
+def expiry(expires_at: datetime | None, ttl: timedelta | None, now: datetime) -> datetime | None:
+    """The expiry time from an absolute time or a time-to-live (not both)."""
+    if ttl is None:
+        return expires_at
+    if expires_at is not None:
+        raise InvalidInputError("give expires_at or ttl, not both", field="ttl")
+    return now + check_duration(ttl, "ttl")
+
+
+def check_filters(
+    kinds: Iterable[MemoryKind] | MemoryKind | None,
+    tags: Iterable[str] | str | None,
+    since: datetime | None,
+    until: datetime | None,
+    sources: Iterable[SourceKind] | SourceKind | None,
+    min_trust: float | None,
+    include_merged: bool = False,
+) -> Filters:
+    """Validate search filters into a :class:`Filters`."""
+    if not isinstance(include_merged, bool):
+        raise InvalidInputError("must be True or False", field="include_merged")
+    return Filters(
+        kinds=check_choices(kinds, MEMORY_KINDS, "kinds"),
+        tags=check_tags(tags),
+        since=check_time(since, "since"),
+        until=check_time(until, "until"),
+        sources=check_choices(sources, SOURCE_KINDS, "sources"),
+        min_trust=None if min_trust is None else check_number(min_trust, "min_trust"),
+        include_merged=include_merged,
+    )

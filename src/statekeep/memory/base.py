@@ -18,9 +18,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from statekeep import tracing
+from statekeep import _check, tracing
 from statekeep.errors import ConflictError, InvalidInputError, MemoryNotFoundError
-from statekeep.memory import _check, _dedupe
+from statekeep.memory import _dedupe, _types
 from statekeep.memory._backend import MemoryBackend
 from statekeep.memory._dedupe import DEFAULT_DUPLICATE_THRESHOLD, UNSET, merged, policy
 from statekeep.memory._ranking import RRF_K, Fusion, fuse, fuse_scores, rank_key, top_k
@@ -160,9 +160,9 @@ class MemoryStore(MemoryBackend):
         Raises:
             InvalidInputError: an argument is invalid; nothing was written.
         """
-        expiry = _check.expiry(expires_at, ttl, self.now())
+        expiry = _types.expiry(expires_at, ttl, self.now())
         meta = {} if metadata is None else metadata
-        tags_ = _check.check_tags(tags)
+        tags_ = _types.check_tags(tags)
         item = MemoryInput(content, kind, tags_, meta, provenance or Provenance(), expiry, key)
         return self.remember_many(owner, [item])[0]
 
@@ -177,6 +177,37 @@ class MemoryStore(MemoryBackend):
         """
         with tracing.span("memory.write", {"statekeep.memory.backend": self.backend}):
             return self._write(owner, items, dedupe=True)
+
+    def insert(self, memories: Sequence[Memory], vectors: Vectors | None = None) -> list[Memory]:
+        """Store memories of one owner exactly as given (ids, tags, times chosen by the caller), atomically.
+
+        For adapters and imports that keep their own identities: no deduplication,
+        no merging. ``vectors`` (one row per memory, of the embedder's dimension)
+        default to the embeddings of the contents. An id the owner already has is
+        refused by the backend: erase it first (:meth:`forget_many`).
+
+        Raises:
+            InvalidInputError: no memories, several owners, a repeated or invalid id,
+                or vectors of the wrong shape; nothing was written.
+        """
+        if isinstance(memories, Memory) or not isinstance(memories, Sequence) or not memories:
+            raise InvalidInputError("must be a non-empty list of Memory records", field="memories")
+        if not all(isinstance(m, Memory) for m in memories):
+            raise InvalidInputError("must hold only Memory records", field="memories")
+        owners = {_check.check_id(m.owner, "owner") for m in memories}
+        ids = [_check.check_id(m.id, "memory_id") for m in memories]
+        if len(owners) != 1 or len(set(ids)) != len(ids):
+            raise InvalidInputError("must be of one owner, each id once", field="memories")
+        if vectors is None:
+            vectors = self._embed([m.content for m in memories])
+        shape = np.shape(vectors)
+        if shape != (len(memories), self.embedder.dimension) or not np.isfinite(vectors).all():
+            raise InvalidInputError(
+                f"must be {len(memories)} finite vectors of {self.embedder.dimension} numbers",
+                field="vectors",
+            )
+        with tracing.span("memory.write", {"statekeep.memory.backend": self.backend}):
+            return self._insert(list(memories), check_vectors(self.embedder, vectors, len(memories)))
 
     def supersede(
         self,
@@ -206,7 +237,7 @@ class MemoryStore(MemoryBackend):
         item = MemoryInput(
             content,
             old.kind if kind is None else kind,
-            tuple(old.tags if tags is None else _check.check_tags(tags)),
+            tuple(old.tags if tags is None else _types.check_tags(tags)),
             old.metadata if metadata is None else metadata,
             provenance or old.provenance,
             expires_at,
@@ -218,20 +249,15 @@ class MemoryStore(MemoryBackend):
     def _write(
         self, owner: str, items: Sequence[MemoryInput | str], *, dedupe: bool, supersedes: str | None = None
     ) -> list[Memory]:
-        owner = _check.check_owner(owner)
+        owner = _check.check_id(owner, "owner")
         if isinstance(items, str | MemoryInput) or not isinstance(items, Sequence) or not items:
             raise InvalidInputError("must be a non-empty list of strings or MemoryInput", field="items")
         now = self.now()
-        inputs = [_check.check_input(item, now) for item in items]
+        inputs = [_types.check_input(item, now) for item in items]
         idents = [_dedupe.identity(i.content, i.key) for i in inputs]
         policy: DedupeMode = self.dedupe if dedupe else "none"
         found = self._same(owner, sorted(set(idents)), now) if policy != "none" else {}
-        first: dict[str, int] = {}  # identity -> the batch item that stores it
-        fresh: list[int] = []
-        for i, ident in enumerate(idents):
-            if policy == "none" or (ident not in found and ident not in first):
-                first.setdefault(ident, i)
-                fresh.append(i)
+        first, fresh = _dedupe.plan(idents, found, policy)
         stored: dict[int, Memory] = {}
         if fresh:
             vectors = self._embed([inputs[i].content for i in fresh])
@@ -293,25 +319,10 @@ class MemoryStore(MemoryBackend):
 
     def _similar(self, owner: str, vectors: Vectors, ids: list[str]) -> list[tuple[str, float] | None]:
         """For each new vector, what it merges into (a stored or an earlier new memory) and the cosine."""
-        threshold = self.duplicate_threshold
-        if threshold is None:
+        if self.duplicate_threshold is None:
             return [None] * len(vectors)
-        now = self.now()
-        links: list[tuple[str, float] | None] = []
-        originals: list[int] = []  # batch items that are not duplicates themselves
-        stored = self._nearest_each(owner, vectors, now)
-        for i, vec in enumerate(vectors):
-            hit = stored[i]
-            score, link = (hit.score, hit.memory.id) if hit else (-1.0, None)
-            if originals:
-                sims = vectors[originals] @ vec
-                j = int(np.argmax(sims))
-                if sims[j] > score:
-                    score, link = float(sims[j]), ids[originals[j]]
-            links.append((link, score) if link is not None and score >= threshold else None)
-            if links[-1] is None:
-                originals.append(i)
-        return links
+        stored = self._nearest_each(owner, vectors, self.now())
+        return _dedupe.similar_links(vectors, ids, stored, self.duplicate_threshold)
 
     # --- reading -------------------------------------------------------------------------
 
@@ -357,12 +368,12 @@ class MemoryStore(MemoryBackend):
         Raises:
             InvalidInputError: an argument is invalid.
         """
-        owner = _check.check_owner(owner)
-        query = _check.check_text(query, "query", limit=_check.MAX_CONTENT)
-        k = _check.check_k(k)
+        owner = _check.check_id(owner, "owner")
+        query = _check.check_text(query, "query", limit=_types.MAX_CONTENT)
+        k = _check.check_int(k, "k", minimum=1, maximum=_types.MAX_K)
         if mode not in SEARCH_MODES:
             raise InvalidInputError(f"must be one of {list(SEARCH_MODES)}", field="mode")
-        filters = _check.check_filters(kinds, tags, since, until, sources, min_trust, include_merged)
+        filters = _types.check_filters(kinds, tags, since, until, sources, min_trust, include_merged)
         attributes = {
             "statekeep.memory.backend": self.backend,
             "statekeep.memory.k": k,
@@ -393,7 +404,7 @@ class MemoryStore(MemoryBackend):
         Raises:
             MemoryNotFoundError: the owner has no such memory (another owner's id is not found either).
         """
-        owner, memory_id = _check.check_owner(owner), _check.check_id(memory_id)
+        owner, memory_id = _check.check_id(owner, "owner"), _check.check_id(memory_id, "memory_id")
         memory = self._get(owner, memory_id, self.now())
         if memory is None:
             raise MemoryNotFoundError(owner, memory_id)
@@ -401,7 +412,9 @@ class MemoryStore(MemoryBackend):
 
     def list_memories(self, owner: str) -> list[Memory]:
         """Every unexpired memory of the owner, oldest first, superseded and merged ones included."""
-        return sorted(self._list(_check.check_owner(owner), self.now()), key=lambda m: (m.created_at, m.seq))
+        return sorted(
+            self._list(_check.check_id(owner, "owner"), self.now()), key=lambda m: (m.created_at, m.seq)
+        )
 
     def export(self, owner: str) -> str:
         """All of the owner's memories as a JSON document (for a data-subject request or a backup).
@@ -435,7 +448,7 @@ class MemoryStore(MemoryBackend):
         Raises:
             ErasureError: rows were deleted but a file could not be rewritten; call again.
         """
-        return self._receipt(_check.check_owner(owner), None)
+        return self._receipt(_check.check_id(owner, "owner"), None)
 
     def forget_one(self, owner: str, memory_id: str) -> ForgetReceipt:
         """Erase one memory of ``owner`` (physically, like :meth:`forget`).
@@ -446,8 +459,20 @@ class MemoryStore(MemoryBackend):
         memory = self.get(owner, memory_id)
         return self._receipt(memory.owner, [memory.id])
 
+    def forget_many(self, owner: str, memory_ids: Iterable[str]) -> ForgetReceipt:
+        """Erase these memories of ``owner`` (physically, like :meth:`forget`); ids they lack are skipped.
+
+        Raises:
+            InvalidInputError: an invalid owner or id; nothing was erased.
+        """
+        if isinstance(memory_ids, str):
+            raise InvalidInputError("must be a list of memory ids", field="memory_ids")
+        ids = sorted({_check.check_id(i, "memory_ids") for i in memory_ids})
+        return self._receipt(_check.check_id(owner, "owner"), ids)
+
     def _receipt(self, owner: str, ids: list[str] | None) -> ForgetReceipt:
-        removed, locations, not_reached = self._erase(owner, ids)
+        # an empty list names no memory (None names them all)
+        removed, locations, not_reached = self._erase(owner, ids) if ids != [] else ([], [], [])
         return ForgetReceipt(
             owner=owner,
             removed=len(removed),

@@ -18,8 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from statekeep._check import check_int
 from statekeep._extras import requires
-from statekeep._numbers import check_int
 from statekeep.errors import EmbedderError, InvalidInputError
 
 Vectors = npt.NDArray[np.float32]

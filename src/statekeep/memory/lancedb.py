@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from statekeep._check import check_int
 from statekeep._extras import requires
-from statekeep._numbers import check_int
 from statekeep.errors import ConfigError, ErasureError, InvalidInputError
 from statekeep.memory import _lock, base
 from statekeep.memory._dedupe import identity

@@ -35,7 +35,7 @@ from psycopg.rows import dict_row
 from psycopg.types import TypeInfo
 from sqlalchemy.engine import Connection
 
-from statekeep._numbers import check_int
+from statekeep._check import check_int
 from statekeep.db import Database, upgrade
 from statekeep.db.engine import storage_error
 from statekeep.db.migrations import current_version

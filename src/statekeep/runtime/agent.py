@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 import pydantic
 
-from statekeep._text import check_id, check_unicode
+from statekeep._check import MAX_ID, check_int, check_text, check_unicode
 from statekeep.errors import InvalidInputError
 from statekeep.models import INVALID_ARGUMENTS, ToolSpec
 from statekeep.runtime.schema import arguments_model, describe, explain, json_schema
@@ -67,7 +67,7 @@ class AgentTool:
     arguments: type[pydantic.BaseModel] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        check_text(self.name, "name")
+        check_words(self.name, "name")
         if not callable(self.fn):
             raise InvalidInputError("must be callable", field="fn")
         object.__setattr__(self, "arguments", arguments_model(self.fn, self.name))
@@ -85,7 +85,7 @@ class AgentTool:
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(f"must be JSON: {exc}", field="parameters") from exc
         if self.approval is not None:
-            check_text(self.approval, "approval")
+            check_words(self.approval, "approval")
         if self.reconciler is not None and not callable(self.reconciler):
             raise InvalidInputError("must be a function of the ambiguous call, or None", field="reconciler")
         if self.on_error not in get_args(OnError):
@@ -188,7 +188,7 @@ class Agent:
     tool_retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(attempts=3, backoff=0.5))
 
     def __post_init__(self) -> None:
-        check_text(self.name, "name")
+        check_words(self.name, "name")
         if not isinstance(self.system, str):
             raise InvalidInputError("must be a string", field="system")
         check_unicode(self.system, "system")
@@ -203,9 +203,7 @@ class Agent:
         if len(set(names)) != len(names):
             raise InvalidInputError(f"tool names must be unique, got {names}", field="tools")
         for name, minimum in (("version", 1), ("budget", 1), ("max_turns", 1), ("memory_k", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise InvalidInputError(f"must be an int >= {minimum}", field=name)
+            check_int(getattr(self, name), name, minimum=minimum)
 
 
 class AgentState(WorkingState):
@@ -228,14 +226,16 @@ class AgentState(WorkingState):
         return {"task": self.task, "turn": self.turn}
 
 
-def check_text(value: object, name: str, limit: int = 255) -> None:
+def check_words(value: object, name: str, limit: int = MAX_ID) -> None:
     """A string with more than whitespace, of at most ``limit`` characters, that every backend can store."""
-    check_id("" if isinstance(value, str) and not value.strip() else value, name, limit)  # blank is empty
+    check_text(
+        "" if isinstance(value, str) and not value.strip() else value, name, limit=limit
+    )  # blank is empty
 
 
 def check_run(owner: object, task: object, session_id: object) -> None:
     """The arguments that start a run, checked before anything is written."""
-    check_text(owner, "owner")
-    check_text(task, "task", limit=100_000)
+    check_words(owner, "owner")
+    check_words(task, "task", limit=100_000)
     if session_id is not None:
-        check_text(session_id, "session_id")
+        check_words(session_id, "session_id")

@@ -12,13 +12,13 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
-from statekeep._numbers import MAX_INT, check_int, check_seconds
+from statekeep._check import MAX_INT, check_int, check_seconds
 from statekeep.config import Settings
 from statekeep.context import ContextStore, SQLContextStore
 from statekeep.db import Database
 from statekeep.errors import InvalidInputError, RunConflictError, SessionOwnerError
 from statekeep.models import AnyModel, AsyncModel, AsyncStreamingModel, Model, StreamingModel
-from statekeep.runtime.agent import Agent, AgentState, check_run, check_text
+from statekeep.runtime.agent import Agent, AgentState, check_run, check_words
 from statekeep.runtime.events import ApprovalRequested, RunCompleted, RunEvent, RunFailed, RunWaiting
 from statekeep.runtime.fork import copy_session, copy_states
 from statekeep.runtime.scope import Invocation, check_turns, current_scope, invocation
@@ -345,10 +345,10 @@ class Runtime:
             InvalidInputError: not an agent run, or ``at_step`` past its last completed step.
             RunConflictError: ``new_id`` (or ``session_id``) is already used.
         """
-        check_text(new_id, "new_id")
+        check_words(new_id, "new_id")
         check_int(at_step, "at_step", maximum=MAX_SEQ)
         if session_id is not None:
-            check_text(session_id, "session_id")
+            check_words(session_id, "session_id")
         source = self.engine.store.get(run_id)
         if not source.workflow.startswith("agent.") or len(source.input.get("args", [])) != 3:
             raise InvalidInputError(f"run {run_id!r} is not an agent run", field="run_id")

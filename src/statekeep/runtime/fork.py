@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from statekeep.context import ContextStore
-from statekeep.context._log import Draft
 from statekeep.errors import AgentError, RunConflictError, StateNotFoundError
 from statekeep.runtime.agent import AgentState
 from statekeep.working import WorkingStateStore
@@ -41,11 +40,7 @@ def copy_session(
     events = context.events(source, upto=upto, owner=owner)
     if [e.seq for e in events] != list(range(1, upto + 1)):
         raise AgentError(f"session {source!r} was pruned: its events up to {upto} cannot be copied")
-    drafts = [
-        replace(Draft(e.kind, e.payload, e.tokens, e.counter, e.created_at), key=_renamed(e.key, rename))
-        for e in events
-    ]
-    context._append(target, drafts, None, owner)
+    context.copy_events(target, [replace(e, key=_renamed(e.key, rename)) for e in events], owner=owner)
 
 
 def copy_states(states: WorkingStateStore, source: str, target: str, upto: int, session_id: str) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from statekeep.errors import InvalidInputError
+from statekeep._check import check_int
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,4 @@ def current_scope() -> RunScope | None:
 
 def check_turns(turns: object) -> int | None:
     """A per-invocation turn limit: an int >= 1, or None."""
-    if turns is not None and (isinstance(turns, bool) or not isinstance(turns, int) or turns < 1):
-        raise InvalidInputError("must be an int >= 1, or None", field="turns")
-    return turns
+    return None if turns is None else check_int(turns, "turns", minimum=1)

@@ -16,15 +16,13 @@ The suites need pytest (it is not a dependency of ``import statekeep``). See
 ``docs/extending.md`` for what each contract asks of a backend.
 """
 
+import pkgutil
+
 import pytest
 
-# the suites' asserts should explain a failure the way a test module's do
-pytest.register_assert_rewrite(
-    "statekeep.testing.context",
-    "statekeep.testing.memory",
-    "statekeep.testing.workflow",
-    "statekeep.testing.working",
-)
+# the suites' asserts should explain a failure the way a test module's do (every
+# module of this package: the suites and the parts they are made of)
+pytest.register_assert_rewrite(*(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__)))
 
 from statekeep.testing.context import ContextStoreFactory, ContextStoreSuite  # noqa: E402
 from statekeep.testing.memory import MemoryStoreFactory, MemoryStoreSuite  # noqa: E402

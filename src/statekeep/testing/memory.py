@@ -18,6 +18,7 @@ from statekeep.memory import (
     Provenance,
     render_memories,
 )
+from statekeep.testing._memory_exact import ExactSuite
 
 #: Opens a store over the test's data: ``make_store(embedder, **options)``.
 MemoryStoreFactory = Callable[..., MemoryStore]
@@ -44,7 +45,7 @@ class _Clock:
         return self.now
 
 
-class MemoryStoreSuite:
+class MemoryStoreSuite(ExactSuite):
     """The invariants of a :class:`~statekeep.memory.MemoryStore` backend.
 
     Subclass it as ``Test...`` and define the fixture ``make_store``: a function

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from statekeep._text import check_id
+from statekeep._check import check_id
 from statekeep.errors import ConfigError, InvalidInputError
 from statekeep.workflow import Approval, Run
 from statekeep.workflow.base import run_owner

@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Annotated, Any
 
+from statekeep._check import MAX_DEPTH, parse
 from statekeep._extras import requires
-from statekeep._json import MAX_DEPTH, parse
 from statekeep.errors import (
     ApprovalDecidedError,
     ApprovalExpiredError,

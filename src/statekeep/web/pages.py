@@ -1,7 +1,7 @@
 """The console's pages: HTML rendered on the server from :class:`~statekeep.web.api.Api`, no JavaScript.
 
 Templates autoescape everything; every stored string also goes through
-:func:`~statekeep._inspect.visible` (control characters, ANSI escapes and bidi
+:func:`~statekeep._literal.visible` (control characters, ANSI escapes and bidi
 overrides shown as escapes), and arguments are shown as indented JSON in
 ``<pre>``: text, never markup. Pages are served with a Content-Security-Policy
 that allows no script at all. Forms that change something carry a CSRF field.
@@ -18,7 +18,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from statekeep._inspect import pretty, visible
+from statekeep._literal import pretty, visible
 from statekeep.errors import InvalidInputError
 from statekeep.web.access import COOKIE, SESSION_SECONDS, Grant
 from statekeep.web.api import STATUSES, Api, Decision

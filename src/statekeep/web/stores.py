@@ -40,7 +40,7 @@ class Stores:
         Raises:
             ConfigError: the workflow database is missing, unreachable or not a statekeep database.
         """
-        from statekeep._inspect import find_sql, open_sql
+        from statekeep._open import find_sql, open_sql
         from statekeep.keys import open_key_ring
         from statekeep.workflow import SQLWorkflowStore
         from statekeep.working import SQLWorkingStateStore
@@ -67,7 +67,7 @@ class Stores:
             return None
         with self._lock:
             if self._reader is None:
-                from statekeep._inspect import open_memory
+                from statekeep._open import open_memory
 
                 try:
                     self._reader = open_memory(self.settings, self.embedder, read_only=True)
@@ -84,7 +84,7 @@ class Stores:
         Raises:
             MemoryLockedError: a worker holds the LanceDB folder for writing.
         """
-        from statekeep._inspect import open_memory
+        from statekeep._open import open_memory
 
         reader = self.memory()
         if self.settings is None or reader is None:

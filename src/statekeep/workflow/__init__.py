@@ -23,6 +23,7 @@ from statekeep.workflow._types import (
 )
 from statekeep.workflow.base import RunWrite, WorkflowStore
 from statekeep.workflow.engine import Engine
+from statekeep.workflow.inmemory import InMemoryWorkflowStore
 from statekeep.workflow.registry import Reconciler, Registry, Step, Tool, Workflow
 from statekeep.workflow.run_context import AsyncRunContext, RunContext
 from statekeep.workflow.sql import SQLWorkflowStore
@@ -33,6 +34,7 @@ __all__ = [
     "AsyncRunContext",
     "Checkpoint",
     "Engine",
+    "InMemoryWorkflowStore",
     "LedgerEntry",
     "Reconciler",
     "Reconciliation",

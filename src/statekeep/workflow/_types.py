@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from statekeep._numbers import check_int, check_seconds
-from statekeep.errors import InvalidInputError
+from statekeep._check import check_int, check_number, check_seconds
 
 
 class RunStatus(enum.StrEnum):
@@ -267,12 +266,7 @@ class RetryPolicy:
         check_int(self.attempts, "attempts", minimum=1, maximum=1_000)
         check_seconds(self.backoff, "backoff")
         check_seconds(self.max_backoff, "max_backoff")
-        if (
-            isinstance(self.factor, bool)
-            or not isinstance(self.factor, int | float)
-            or not 1 <= self.factor <= 100
-        ):
-            raise InvalidInputError("must be a number from 1 to 100", field="factor")
+        check_number(self.factor, "factor", minimum=1, maximum=100)
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""

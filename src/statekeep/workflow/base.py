@@ -11,7 +11,6 @@ invariants.
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
@@ -20,9 +19,6 @@ from typing import Any
 
 import pydantic
 
-from statekeep._numbers import check_int
-from statekeep._text import check_id
-from statekeep.errors import InvalidInputError
 from statekeep.workflow._types import (
     Approval,
     Checkpoint,
@@ -31,6 +27,14 @@ from statekeep.workflow._types import (
     RunPage,
     RunStatus,
     StepRecord,
+)
+from statekeep.workflow.search import (
+    MAX_PAGE,
+    check_run_filters,
+    page_of,
+    run_matches,
+    run_owner,
+    statuses,
 )
 from statekeep.working import StateVersion, WorkingStateStore
 
@@ -43,9 +47,6 @@ APPROVAL_STATUSES = ("pending", "approved", "rejected", "expired", "withdrawn")
 #: Runs a person or a worker still has to act on.
 LIVE = frozenset(s for s in RunStatus if not s.finished)
 
-#: The largest page :meth:`WorkflowStore.search_runs` returns.
-MAX_PAGE = 1000
-
 #: A staged working state: the validated model and the version record that will store it.
 StagedState = tuple[pydantic.BaseModel, StateVersion]
 
@@ -53,58 +54,6 @@ StagedState = tuple[pydantic.BaseModel, StateVersion]
 def now() -> datetime:
     """The current time, timezone-aware UTC."""
     return datetime.now(UTC)
-
-
-def statuses(status: RunStatus | str | Iterable[RunStatus | str]) -> list[RunStatus]:
-    """One status, its name, or several, as statuses.
-
-    Raises:
-        InvalidInputError: a value that names no status.
-    """
-    given = [status] if isinstance(status, str) else status
-    try:
-        return [RunStatus(s) for s in given]
-    except (TypeError, ValueError):
-        names = ", ".join(s.value for s in RunStatus)
-        raise InvalidInputError(f"must be one or more of {names}", field="status") from None
-
-
-def run_owner(run: Run) -> str | None:
-    """Whose run it is: the owner a :class:`~statekeep.runtime.Runtime` agent run was started for.
-
-    An agent run is the workflow ``agent.<name>`` with the input ``(owner,
-    session_id, task)``; other workflows' runs have no owner (None).
-    """
-    stored = getattr(run, "owner", None)  # a store that records owners in a column of their own
-    if isinstance(stored, str):
-        return stored
-    args = run.input.get("args") if isinstance(run.input, dict) else None
-    if run.workflow.startswith("agent.") and isinstance(args, list) and args and isinstance(args[0], str):
-        return args[0]
-    return None
-
-
-def check_run_filters(
-    owner: str | Iterable[str] | None,
-    text: str | None,
-    run_ids: Iterable[str] | None,
-    limit: int,
-    offset: int,
-) -> tuple[list[str] | None, str | None, list[str] | None]:
-    """The filters of :meth:`WorkflowStore.search_runs`, checked: (owners, text, run ids)."""
-    check_int(limit, "limit", minimum=1, maximum=MAX_PAGE)
-    check_int(offset, "offset")
-    owners = None
-    if owner is not None:
-        owners = (
-            [check_id(owner, "owner")] if isinstance(owner, str) else [check_id(o, "owner") for o in owner]
-        )
-    if text is not None:
-        if not isinstance(text, str):
-            raise InvalidInputError("must be a string or None", field="text")
-        text = check_id(text, "text", 1000) if text.strip() else None
-    ids = None if run_ids is None else [check_id(r, "run_ids") for r in run_ids]
-    return owners, text, ids
 
 
 class RunWrite(ABC):
@@ -200,8 +149,9 @@ class WorkflowStore(ABC):
     """The workflow store: runs, leases, the journal, the ledger, approvals and events.
 
     :class:`~statekeep.workflow.SQLWorkflowStore` is the backend for SQLite and
-    PostgreSQL. Reads take a run id; every write of a running worker goes through
-    :meth:`fenced`.
+    PostgreSQL; :class:`~statekeep.workflow.InMemoryWorkflowStore` the reference
+    in process memory. Reads take a run id; every write of a running worker goes
+    through :meth:`fenced`.
     """
 
     # --- runs -----------------------------------------------------------------------------
@@ -255,25 +205,14 @@ class WorkflowStore(ABC):
             InvalidInputError: a malformed filter, ``limit`` not from 1 to 1000, a negative ``offset``.
         """
         owners, needle, ids = check_run_filters(owner, text, run_ids, limit, offset)
-        wanted = None if status is None else set(statuses(status))
-        matched = []
-        for run in self.list_runs(workflow=workflow, limit=MAX_SEQ):
-            if owners is not None and run_owner(run) not in owners:
-                continue
-            if ids is not None and run.run_id not in ids:
-                continue
-            if needle is not None:
-                blob = " ".join([run.run_id, run.workflow, run.error or "", json.dumps(run.input)])
-                haystack = blob + json.dumps(run.input, ensure_ascii=False)
-                if needle.casefold() not in haystack.casefold():
-                    continue
-            matched.append(run)
-        counts: dict[str, int] = {}
-        for run in matched:
-            counts[run.status.value] = counts.get(run.status.value, 0) + 1
-        shown = [r for r in matched if wanted is None or r.status in wanted]
-        shown.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
-        return RunPage(shown[offset : offset + limit], len(shown), offset, limit, counts)
+        matched = [
+            run
+            for run in self.list_runs(workflow=workflow, limit=MAX_SEQ)
+            if (owners is None or run_owner(run) in owners)
+            and (ids is None or run.run_id in ids)
+            and (needle is None or run_matches(run, needle))
+        ]
+        return page_of(matched, status, limit, offset)
 
     def workflow_names(self) -> list[str]:
         """The names of the workflows that have runs, sorted."""
@@ -405,13 +344,18 @@ class WorkflowStore(ABC):
         kind: str | None = None,
         action: str | None = None,
     ) -> list[Approval]:
-        """Approvals filtered by status (``pending`` by default; None for all), run, kind or action."""
+        """Approvals filtered by status (``pending`` by default; None for all), run, kind or action.
+
+        Raises:
+            InvalidInputError: a filter that is not a storable, non-empty string.
+        """
 
     @abstractmethod
     def approval(self, approval_id: str) -> Approval:
         """One approval by id.
 
         Raises:
+            InvalidInputError: ``approval_id`` is not an id.
             ApprovalNotFoundError: no such approval.
         """
 
@@ -423,11 +367,29 @@ class WorkflowStore(ABC):
     def decide(
         self, approval_id: str, *, approve: bool, by: str, comment: str | None = None, result: Any = None
     ) -> Approval:
-        """Record a person's decision, once, and make the run runnable again."""
+        """Record a person's decision, once, and make the run runnable again.
+
+        For an ``ambiguous`` tool call, approve means "it did not happen: run it";
+        reject means "it happened", and ``result`` becomes the call's output.
+
+        Raises:
+            InvalidInputError: a bad id, ``by`` empty, ``approve`` not a bool, ``comment``
+                not storable text, or ``result`` not JSON; nothing was written.
+            ApprovalNotFoundError: no such approval.
+            ApprovalDecidedError: the approval was already decided or withdrawn.
+            ApprovalExpiredError: the approval expired (now or before); it is recorded as
+                expired and fails closed.
+        """
 
     @abstractmethod
     def send_event(self, run_id: str, name: str, payload: Any = None) -> None:
-        """Deliver a named event to a run: woken if it waits for it, kept until it does otherwise."""
+        """Deliver a named event to a run: woken if it waits for it, kept until it does otherwise.
+
+        Raises:
+            InvalidInputError: empty name or non-JSON payload; nothing was written.
+            RunNotFoundError: no such run.
+            RunFinishedError: the run has finished; the event is refused.
+        """
 
     # --- retention ------------------------------------------------------------------------
 
@@ -489,6 +451,8 @@ __all__ = [
     "WorkflowStore",
     "check_run_filters",
     "now",
+    "page_of",
+    "run_matches",
     "run_owner",
     "statuses",
 ]

@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Any
 
-from statekeep._json import MAX_DEPTH, json_problem
+from statekeep._check import MAX_DEPTH, json_problem
 
 
 class NotJSONError(ValueError):

@@ -11,8 +11,7 @@ from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from statekeep import tracing
-from statekeep._numbers import check_seconds
-from statekeep._text import check_id
+from statekeep._check import check_id, check_seconds
 from statekeep.db import Database
 from statekeep.errors import (
     ConfigError,

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol
 
 import pydantic
 
-from statekeep._numbers import check_duration, check_int
-from statekeep._text import check_id, check_storable
+from statekeep._check import check_duration, check_id, check_int, check_storable
 from statekeep.errors import InvalidInputError, UnknownWorkflowError
 from statekeep.workflow._types import LedgerEntry, Reconciliation, RetryPolicy, StepRecord
 

@@ -17,7 +17,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 import pydantic
 
 from statekeep import tracing
-from statekeep._numbers import check_int
+from statekeep._check import check_int
 from statekeep.errors import ConfigError, LeaseLostError, StepFailedError, StorageError
 from statekeep.workflow import codec, tools, waits
 from statekeep.workflow._types import Checkpoint, Run

@@ -23,8 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from statekeep._numbers import check_duration, check_int
-from statekeep._text import check_id, check_storable
+from statekeep._check import check_id, check_int
 from statekeep.db import Database
 from statekeep.errors import (
     ApprovalDecidedError,
@@ -39,13 +38,26 @@ from statekeep.keys import KeyRing
 from statekeep.workflow import codec
 from statekeep.workflow._types import FINISHED, Approval, LedgerEntry, Run, RunPage, RunStatus, StepRecord
 from statekeep.workflow.base import (
-    APPROVAL_STATUSES,
     LIVE,
     MAX_SEQ,
     WorkflowStore,
     check_run_filters,
     now,
+    page_of,
+    run_matches,
     statuses,
+)
+from statekeep.workflow.rules import (
+    check_approval_filters,
+    check_decision,
+    check_event,
+    check_fork_point,
+    check_retention,
+    check_run_ids,
+    forked_key,
+    last_set,
+    purge_selection,
+    same_run,
 )
 from statekeep.workflow.sql_tx import (
     SQLRunWrite,
@@ -109,13 +121,7 @@ class SQLWorkflowStore(WorkflowStore):
                 fence(conn, parent.run_id, parent.epoch)
             conn.execute(self.db.dialect.insert(runs).values(row).on_conflict_do_nothing())
             stored = _get(conn, run["run_id"], self.keys)
-        if stored.workflow != run["workflow"]:
-            raise RunConflictError(
-                stored.run_id, f"belongs to workflow {stored.workflow!r}, not {run['workflow']!r}"
-            )
-        if codec.digest(stored.input) != run["input_hash"]:
-            raise RunConflictError(stored.run_id, "was started with another input")
-        return stored
+        return same_run(stored, run)
 
     def find(self, run_id: str) -> Run | None:
         check_run_id(run_id)
@@ -164,6 +170,11 @@ class SQLWorkflowStore(WorkflowStore):
             where.append(sa.or_(*(_owned_by(o) for o in owners)))
         if ids is not None:
             where.append(runs.c.run_id.in_(ids))
+        if needle is not None and self.keys is not None:  # sealed input: match what a person reads
+            with self.db.read() as conn:
+                rows = conn.execute(sa.select(runs).where(*where)).mappings().all()
+            decoded = (run_record(r, self.keys) for r in rows)
+            return page_of([r for r in decoded if run_matches(r, needle)], status, limit, offset)
         if needle is not None:
             where.append(_contains(needle))
         wanted = None if status is None else [s.value for s in statuses(status)]
@@ -195,6 +206,8 @@ class SQLWorkflowStore(WorkflowStore):
                 .values({**finish_values(RunStatus.CANCELLED, None, "cancelled"), "epoch": runs.c.epoch + 1})
             )
             withdraw_approvals(conn, run_id)
+            if run.parent_id is not None:  # a parent waiting for it learns it ended, as it would of a failure
+                wake(conn, run.parent_id, [RunStatus.WAITING_FOR_CHILD])
             return _get(conn, run_id, self.keys)
 
     def retry(self, run_id: str) -> Run:
@@ -240,11 +253,7 @@ class SQLWorkflowStore(WorkflowStore):
         self._prepare(owner)
         with self.db.begin() as conn:
             source = _get(conn, run_id, self.keys)
-            if at_seq > source.last_seq:
-                raise InvalidInputError(
-                    f"run {run_id!r} has {source.last_seq} completed steps: cannot fork at step {at_seq}",
-                    field="at_seq",
-                )
+            check_fork_point(run_id, source.last_seq, at_seq)
             schema = conn.execute(
                 sa.select(runs.c.state_schema, runs.c.state_schema_version).where(runs.c.run_id == run_id)
             ).one()
@@ -266,8 +275,8 @@ class SQLWorkflowStore(WorkflowStore):
                 "last_seq": at_seq,
                 "state_schema": schema.state_schema,
                 "state_schema_version": schema.state_schema_version,
-                "state_version": _last_set(s.state_version for s in journal),
-                "cursor": _last_set(s.cursor for s in journal),
+                "state_version": last_set(s.state_version for s in journal),
+                "cursor": last_set(s.cursor for s in journal),
             }
             insert = self.db.dialect.insert(runs).values(row).on_conflict_do_nothing()
             if conn.execute(insert.returning(runs.c.run_id)).first() is None:  # the id is taken
@@ -281,8 +290,7 @@ class SQLWorkflowStore(WorkflowStore):
                 tool_calls.c.run_id == run_id, tool_calls.c.seq <= at_seq, tool_calls.c.status == "completed"
             )
             for call in conn.execute(calls).mappings().all():
-                key = str(call["key"])
-                renamed = new_id + key[len(run_id) :] if key.startswith(f"{run_id}/") else f"{new_id}/{key}"
+                renamed = forked_key(str(call["key"]), run_id, new_id)
                 conn.execute(tool_calls.insert().values({**call, "run_id": new_id, "key": renamed}))
             _note(conn, run_id, "statekeep.forked", {"run_id": new_id, "at_seq": at_seq}, self.keys, owner)
             return _get(conn, new_id, self.keys)
@@ -392,30 +400,13 @@ class SQLWorkflowStore(WorkflowStore):
         kind: str | None = None,
         action: str | None = None,
     ) -> list[Approval]:
-        """Approvals filtered by status (``pending`` by default; None for all), run, kind or action.
-
-        Raises:
-            InvalidInputError: a filter that is not a storable, non-empty string.
-        """
-        if status is not None and status not in APPROVAL_STATUSES:
-            raise InvalidInputError(f"must be one of {APPROVAL_STATUSES} or None", field="status")
-        if kind is not None and kind not in ("gate", "ambiguous"):
-            raise InvalidInputError("must be 'gate', 'ambiguous' or None", field="kind")
         q = sa.select(approvals).order_by(approvals.c.created_at)
-        filters = {"status": status, "run_id": run_id, "kind": kind, "action": action}
-        for column, value in filters.items():
-            if value is not None:
-                q = q.where(approvals.c[column] == check_id(value, column))
+        for column, value in check_approval_filters(status, run_id, kind, action).items():
+            q = q.where(approvals.c[column] == value)
         with self.db.read() as conn:
             return [approval_record(r, self.keys) for r in conn.execute(q).mappings()]
 
     def approval(self, approval_id: str) -> Approval:
-        """One approval by id.
-
-        Raises:
-            InvalidInputError: ``approval_id`` is not an id.
-            ApprovalNotFoundError: no such approval.
-        """
         check_id(approval_id, "approval_id")
         with self.db.read() as conn:
             return _approval(conn, approval_id, self.keys)
@@ -431,20 +422,7 @@ class SQLWorkflowStore(WorkflowStore):
     def decide(
         self, approval_id: str, *, approve: bool, by: str, comment: str | None = None, result: Any = None
     ) -> Approval:
-        """Record a person's decision, once, and make the run runnable again.
-
-        For an ``ambiguous`` tool call, approve means "it did not happen: run it";
-        reject means "it happened", and ``result`` becomes the call's output.
-
-        Raises:
-            InvalidInputError: a bad id, ``by`` empty, ``approve`` not a bool, ``comment``
-                not storable text, or ``result`` not JSON; nothing was written.
-            ApprovalNotFoundError: no such approval.
-            ApprovalDecidedError: the approval was already decided or withdrawn.
-            ApprovalExpiredError: the approval expired (now or before); it is recorded as
-                expired and fails closed.
-        """
-        encoded = _check_decision(approval_id, approve, by, comment, result)
+        encoded = check_decision(approval_id, approve, by, comment, result)
         owner = self._approval_owner(approval_id) if self.keys is not None else None
         self._prepare(owner)
         with self.db.begin() as conn:
@@ -474,19 +452,8 @@ class SQLWorkflowStore(WorkflowStore):
             return conn.execute(q.where(approvals.c.approval_id == approval_id)).scalar()
 
     def send_event(self, run_id: str, name: str, payload: Any = None) -> None:
-        """Deliver a named event to a run: woken if it waits for it, kept until it does otherwise.
-
-        Raises:
-            InvalidInputError: empty name or non-JSON payload; nothing was written.
-            RunNotFoundError: no such run.
-            RunFinishedError: the run has finished; the event is refused.
-        """
         check_run_id(run_id)
-        check_id(name, "name")
-        try:
-            text = codec.to_json(payload)
-        except codec.NotJSONError as exc:
-            raise InvalidInputError(str(exc), field="payload") from exc
+        text = check_event(name, payload)
         owner = self._owner(run_id) if self.keys is not None else None
         self._prepare(owner)
         text = seal(self.keys, owner, text)
@@ -511,22 +478,17 @@ class SQLWorkflowStore(WorkflowStore):
         keep_last: int | None = None,
         workflow: str | None = None,
     ) -> list[str]:
-        if older_than is None and keep_last is None:
-            raise InvalidInputError("give older_than, keep_last, or both", field="older_than")
-        if older_than is not None:
-            check_duration(older_than, "older_than", positive=False)
-        if keep_last is not None:
-            check_int(keep_last, "keep_last")
+        check_retention(older_than, keep_last, workflow)
+        finished = [s.value for s in FINISHED]
+        q = sa.select(runs.c.run_id, runs.c.workflow, runs.c.finished_at).where(runs.c.status.in_(finished))
         if workflow is not None:
-            check_id(workflow, "workflow")
+            q = q.where(runs.c.workflow == workflow)
         with self.db.read() as conn:
-            return _purgeable(conn, older_than, keep_last, workflow)
+            rows = [(r.run_id, r.workflow, r.finished_at) for r in conn.execute(q)]
+        return purge_selection(rows, older_than, keep_last)
 
     def delete_runs(self, run_ids: list[str]) -> int:
-        if not isinstance(run_ids, list | tuple):
-            raise InvalidInputError("must be a list of run ids", field="run_ids")
-        for run_id in run_ids:
-            check_run_id(run_id)
+        run_ids = check_run_ids(run_ids)
         finished = [s.value for s in FINISHED]
         deleted = 0
         with self.db.begin() as conn:
@@ -601,37 +563,11 @@ def _note(
     )
 
 
-def _last_set(values: Iterable[int | None]) -> int | None:
-    found = None
-    for value in values:
-        if value is not None:
-            found = value
-    return found
-
-
 def _approval(conn: Connection, approval_id: str, keys: KeyRing | None) -> Approval:
     row = conn.execute(sa.select(approvals).where(approvals.c.approval_id == approval_id)).mappings().first()
     if row is None:
         raise ApprovalNotFoundError(approval_id)
     return approval_record(row, keys)
-
-
-def _check_decision(approval_id: str, approve: bool, by: str, comment: str | None, result: Any) -> str:
-    """Validate a decision before any query; return the encoded result."""
-    check_id(approval_id, "approval_id")
-    if not isinstance(by, str) or not by.strip():
-        raise InvalidInputError("must name who decides", field="by")
-    check_id(by, "by")
-    if not isinstance(approve, bool):
-        raise InvalidInputError("must be True or False", field="approve")
-    if comment is not None:
-        if not isinstance(comment, str):
-            raise InvalidInputError("must be a string or None", field="comment")
-        check_storable(comment, "comment")
-    try:
-        return codec.to_json(result)
-    except codec.NotJSONError as exc:
-        raise InvalidInputError(str(exc), field="result") from exc
 
 
 def _wake_waiter(conn: Connection, run_id: str, name: str) -> None:
@@ -641,27 +577,6 @@ def _wake_waiter(conn: Connection, run_id: str, name: str) -> None:
     waiting = codec.loads(row.waiting or "{}")
     if waiting.get("event") == name:
         wake(conn, run_id, [RunStatus.WAITING_FOR_EVENT])
-
-
-def _purgeable(
-    conn: Connection, older_than: timedelta | None, keep_last: int | None, workflow: str | None
-) -> list[str]:
-    finished = [s.value for s in FINISHED]
-    q = sa.select(runs.c.run_id, runs.c.workflow, runs.c.finished_at).where(runs.c.status.in_(finished))
-    if workflow is not None:
-        q = q.where(runs.c.workflow == workflow)
-    rows = list(conn.execute(q.order_by(runs.c.finished_at.desc(), runs.c.run_id)))
-    doomed: set[str] = set()
-    if older_than is not None:
-        cutoff = now() - older_than
-        doomed |= {r.run_id for r in rows if r.finished_at < cutoff}
-    if keep_last is not None:
-        seen: dict[str, int] = {}
-        for r in rows:
-            seen[r.workflow] = seen.get(r.workflow, 0) + 1
-            if seen[r.workflow] > keep_last:
-                doomed.add(r.run_id)
-    return sorted(doomed)
 
 
 def _lease_values(owner: str, lease: float, stamp: datetime) -> dict[str, Any]:

@@ -107,7 +107,7 @@ def _check_gate(exe: Execution, seq: int, tool: Tool[Any, Any], payload: dict[st
     """Return only when an unexpired approval of exactly these arguments is recorded."""
     assert tool.gate is not None
     approval = exe.store.approval_at(exe.run_id, seq, "gate")
-    if approval is None:
+    if approval is None or approval.status == "withdrawn":  # nobody decided it: ask (again)
         fields = _fields(seq, "gate", tool.name, payload)
         fields["reason"] = tool.gate.reason
         expires = None if tool.gate.expires_in is None else now() + tool.gate.expires_in
@@ -130,6 +130,9 @@ def _refuse_unless_approved(exe: Execution, approval: Approval, args_hash: str) 
         raise ApprovalRejectedError(
             approval.approval_id, approval.action, f"rejected by {approval.decided_by}{note}"
         )
+    if approval.status != "approved":  # fail closed on any status but a recorded approval
+        reason = f"is {approval.status}, not approved"
+        raise ApprovalExpiredError(approval.approval_id, approval.action, reason)
     if approval.args_hash != args_hash:
         raise ApprovalMismatchError(
             approval.approval_id, approval.action, "the call about to be made differs from the approved one"

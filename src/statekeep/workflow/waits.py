@@ -9,9 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from statekeep._json import MAX_DEPTH
-from statekeep._numbers import check_seconds
-from statekeep._text import check_id
+from statekeep._check import MAX_DEPTH, check_id, check_seconds
 from statekeep.errors import ChildRunFailedError, InvalidInputError, Suspended
 from statekeep.workflow import codec
 from statekeep.workflow._types import RunStatus

@@ -7,7 +7,7 @@ import threading
 import time
 
 from statekeep import tracing
-from statekeep._numbers import check_int, check_seconds
+from statekeep._check import check_int, check_seconds
 from statekeep.errors import InvalidInputError, LeaseLostError, StatekeepError, StorageError
 from statekeep.workflow.engine import Engine
 

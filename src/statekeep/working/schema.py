@@ -13,9 +13,7 @@ from typing import Any, ClassVar, TypeVar
 import pydantic
 import pydantic_core
 
-from statekeep._json import MAX_DEPTH, text_depth
-from statekeep._numbers import check_int
-from statekeep._text import check_id
+from statekeep._check import MAX_DEPTH, check_id, check_int, text_depth
 from statekeep.errors import InvalidInputError, MigrationError, SchemaVersionError, StateValidationError
 from statekeep.working._types import StateVersion
 

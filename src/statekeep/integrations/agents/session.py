@@ -5,10 +5,10 @@ message (so ``statekeep context show`` and the context builder see the conversat
 with an idempotency key that names the exact item, kept in the integration's own
 table (``statekeep_agents.items``): the SDK gets back precisely what it stored.
 
-The log stays append-only. ``clear_session`` appends a *marker*: a summary event
-written by the marker summarizer, covering everything before it; the builder starts
-from the latest summary, and :meth:`get_items` starts after the latest marker.
-``pop_item`` appends a marker and then the items that remain, again.
+The log stays append-only. ``clear_session`` appends a ``marker`` event (reason
+``cleared``, :meth:`ContextStore.mark <statekeep.context.ContextStore.mark>`): the
+context builder, compaction and :meth:`get_items` all start after the latest marker.
+``pop_item`` appends a marker (reason ``rewound``) and then the items that remain, again.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 
-from statekeep.context import Message, SQLContextStore
-from statekeep.context._types import SUMMARY, Event, ToolCall
+from statekeep.context import Event, Message, SQLContextStore, ToolCall
+from statekeep.context._types import MARKER, MESSAGE_KINDS
 from statekeep.db import Database, Migration, upgrade
 from statekeep.db.migrations import create_tables
-from statekeep.errors import SummaryError
 from statekeep.integrations._extras import missing
 
 try:
@@ -34,7 +33,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise missing("agents", "statekeep.integrations.agents", exc) from exc
 
-__all__ = ["MARKER_SUMMARIZER", "StatekeepSession"]
+__all__ = ["CLEARED", "REWOUND", "StatekeepSession"]
 
 SCHEMA = "statekeep_agents"
 _metadata = sa.MetaData(schema=SCHEMA)
@@ -49,27 +48,13 @@ MIGRATIONS = [
     Migration(1, "items: the exact SDK item of each logged event", create_tables(_metadata, "items"))
 ]
 
-#: The summarizer name of clear/pop markers in the context log.
-MARKER_SUMMARIZER = "statekeep.agents.marker"
+#: The reasons of the markers ``clear_session`` and ``pop_item`` append.
+CLEARED, REWOUND = "cleared", "rewound"
+_TEXT = {
+    CLEARED: "The conversation before this point was cleared.",
+    REWOUND: "The conversation was rewound: it continues with the messages below.",
+}
 _KEY = "sdk:"
-_FILLER = "sdk-marker:"
-
-
-class _Marker:
-    """Folds everything so far into a marker: the builder and the session start after it."""
-
-    name = MARKER_SUMMARIZER
-    version = "1"
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def summarize(self, previous: str | None, messages: Sequence[Message]) -> str:
-        return self.text
-
-
-_CLEARED = _Marker("The conversation before this point was cleared.")
-_POPPED = _Marker("The conversation was rewound: it continues with the messages below.")
 
 
 class StatekeepSession(SessionABC):
@@ -139,11 +124,10 @@ class StatekeepSession(SessionABC):
         raw = self._raw(keys)
         found: list[tuple[Event, Any]] = []
         for event in events:
-            if event.kind == SUMMARY:
-                if event.summary.summarizer == MARKER_SUMMARIZER:
-                    found = []
+            if event.kind == MARKER:
+                found = []
                 continue
-            if event.key and event.key.startswith(_FILLER):
+            if event.kind not in MESSAGE_KINDS:
                 continue
             item = raw.get(event.key) if event.key else None
             found.append((event, item if item is not None else to_item(event.message)))
@@ -184,24 +168,16 @@ class StatekeepSession(SessionABC):
         if not found:
             return None
         popped = found[-1][1]
-        self._mark(_POPPED)
+        self._mark(REWOUND)
         self._add_items([item for _, item in found[:-1]])
         return popped
 
     def _clear(self) -> None:
         if self._current():
-            self._mark(_CLEARED)
+            self._mark(CLEARED)
 
-    def _mark(self, marker: _Marker) -> None:
-        try:
-            summary = self.store.compact(self.session_id, summarizer=marker)
-        except SummaryError:
-            summary = None
-        if summary is None or summary.summarizer != MARKER_SUMMARIZER:
-            # everything was already folded by an ordinary compaction: give the marker something to cover
-            filler = Message.system(marker.text)
-            self.store.append(self.session_id, filler, key=f"{_FILLER}{uuid.uuid4().hex}", owner=self.owner)
-            self.store.compact(self.session_id, summarizer=marker)
+    def _mark(self, reason: str) -> None:
+        self.store.mark(self.session_id, reason, text=_TEXT[reason], owner=self.owner)
 
 
 # --- items and messages -------------------------------------------------------------------------

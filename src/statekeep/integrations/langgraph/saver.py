@@ -12,9 +12,8 @@ import builtins
 import json
 import random
 import threading
-from collections import OrderedDict, defaultdict
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -23,6 +22,7 @@ from sqlalchemy.engine import Connection
 from statekeep.db import Database
 from statekeep.errors import InvalidInputError
 from statekeep.integrations._extras import missing
+from statekeep.workflow import SQLWorkflowStore, WorkflowStore
 
 try:
     from langchain_core.runnables import RunnableConfig
@@ -39,28 +39,16 @@ try:
     )
     from langgraph.checkpoint.serde.base import SerializerProtocol
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+    from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise missing("langgraph", "statekeep.integrations.langgraph", exc) from exc
 
-from statekeep.integrations.langgraph import _delta
-from statekeep.integrations.langgraph._tables import blobs, checkpoints, setup
-from statekeep.integrations.langgraph._tables import writes as writes_t
+from statekeep.integrations.langgraph import _sql
+from statekeep.integrations.langgraph._lists import Lists
+from statekeep.integrations.langgraph._runs import ThreadRuns
+from statekeep.integrations.langgraph._tables import checkpoints, setup
 
 __all__ = ["StatekeepSaver"]
-
-#: Serialized bytes of the latest value of a list channel kept per (thread, ns, channel), at most.
-CACHE_ENTRIES = 256
-_DELTA = "delta"
-_EMPTY = "empty"
-
-
-@dataclass(frozen=True, slots=True)
-class _Last:
-    """The latest stored version of a list channel and its serialized items."""
-
-    version: str
-    count: int
-    body: bytes
 
 
 class StatekeepSaver(BaseCheckpointSaver[str]):
@@ -80,19 +68,39 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         >>> saver.get_tuple({"configurable": {"thread_id": "t1"}}) is None
         True
 
+    Each thread is also a run of the workflow store (``langgraph:<thread_id>``), so
+    ``statekeep runs list``, the console and the webhook see LangGraph threads
+    beside statekeep's own runs.
+
     Args:
         db: a :class:`~statekeep.db.Database` or a database URL (SQLite or PostgreSQL).
         serde: LangGraph serializer; default ``JsonPlusSerializer()`` (no pickle).
+        runs: where threads are recorded as runs: True (default) for a workflow store
+            on the same database, a :class:`~statekeep.workflow.WorkflowStore`
+            (another database, a key ring), or False for nowhere.
     """
 
-    def __init__(self, db: Database | str, *, serde: SerializerProtocol | None = None) -> None:
+    def __init__(
+        self,
+        db: Database | str,
+        *,
+        serde: SerializerProtocol | None = None,
+        runs: WorkflowStore | bool = True,
+    ) -> None:
         super().__init__(serde=serde or JsonPlusSerializer(pickle_fallback=False))
         if getattr(self.serde, "pickle_fallback", False):
             raise InvalidInputError("a serializer with a pickle fallback is refused", field="serde")
         self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_DATABASE_URL")
         setup(self.db)
-        self._last: OrderedDict[tuple[str, str, str], _Last] = OrderedDict()
-        self._lock = threading.Lock()
+        self._sql = _sql.Statements.build(self.db.dialect.insert)
+        store = SQLWorkflowStore(self.db) if runs is True else runs or None
+        self.runs = None if store is None else ThreadRuns(store)
+        self._lists = Lists()
+        # one writer at a time on SQLite: LangGraph writes from several threads, and a writer
+        # queued on a lock wakes at once where SQLite's busy handler would sleep
+        self._write_lock: AbstractContextManager[Any] = (
+            threading.Lock() if self.db.dialect.single_writer else nullcontext()
+        )
 
     def close(self) -> None:
         """Release the database connections."""
@@ -117,6 +125,11 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         return f"{number + 1:032}.{random.random():016}"
 
     # --- writing ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _writing(self, what: str) -> Iterator[Connection]:
+        with self._write_lock, self.db.begin(what) as conn:
+            yield conn
 
     def put(
         self,
@@ -147,104 +160,21 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
             "versions": json.dumps({k: str(v) for k, v in checkpoint["channel_versions"].items()}),
         }
         serialized = {
-            k: self.serde.dumps_typed(values[k]) if k in values else (_EMPTY, None) for k in new_versions
+            k: self.serde.dumps_typed(values[k]) if k in values else (_sql.EMPTY, None) for k in new_versions
         }
-        insert = self.db.dialect.insert
-        with self.db.begin("saving a LangGraph checkpoint") as conn:
+        if self.runs is not None:
+            self.runs.writing(thread_id)
+        with self._writing("saving a LangGraph checkpoint") as conn:
             blob_rows = [
-                self._blob_row(conn, thread_id, ns, k, str(v), serialized[k], parent_id)
+                self._lists.blob_row(conn, (thread_id, ns), k, str(v), serialized[k], parent_id)
                 for k, v in new_versions.items()
             ]
             if blob_rows:
-                conn.execute(insert(blobs).on_conflict_do_nothing(), blob_rows)
-            stmt = insert(checkpoints).values(row)
-            conn.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=["thread_id", "checkpoint_ns", "checkpoint_id"],
-                    set_={c: stmt.excluded[c] for c in row if c not in ("thread_id", "checkpoint_ns")},
-                )
-            )
+                conn.execute(self._sql.put_blobs, blob_rows)
+            conn.execute(self._sql.put_checkpoint, row)
         return {
             "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}
         }
-
-    def _blob_row(
-        self,
-        conn: Connection,
-        thread_id: str,
-        ns: str,
-        channel: str,
-        version: str,
-        typed: tuple[str, bytes | None],
-        parent_id: str | None,
-    ) -> dict[str, Any]:
-        type_, data = typed
-        row: dict[str, Any] = {
-            "thread_id": thread_id,
-            "checkpoint_ns": ns,
-            "channel": channel,
-            "version": version,
-            "type": type_,
-            "blob": data,
-            "base_version": None,
-            "added": None,
-        }
-        array = _delta.split_array(data) if type_ == "msgpack" and data else None
-        if array is None:
-            return row
-        count, body = array
-        key = (thread_id, ns, channel)
-        last = self._cached(key) or self._previous(conn, thread_id, ns, channel, parent_id)
-        self._remember(key, _Last(version, count, bytes(body)))
-        if (
-            last is not None
-            and last.version != version
-            and count >= last.count
-            and body[: len(last.body)] == last.body
-            and _exists(conn, thread_id, ns, channel, last.version)
-        ):
-            row.update(type=_DELTA, blob=bytes(body[len(last.body) :]), base_version=last.version)
-            row["added"] = count - last.count
-        return row
-
-    def _cached(self, key: tuple[str, str, str]) -> _Last | None:
-        with self._lock:
-            return self._last.get(key)
-
-    def _remember(self, key: tuple[str, str, str], last: _Last) -> None:
-        with self._lock:
-            self._last[key] = last
-            self._last.move_to_end(key)
-            while len(self._last) > CACHE_ENTRIES:
-                self._last.popitem(last=False)
-
-    def _forget(self, thread_ids: Sequence[str]) -> None:
-        drop = set(thread_ids)
-        with self._lock:
-            for key in [k for k in self._last if k[0] in drop]:
-                del self._last[key]
-
-    def _previous(
-        self, conn: Connection, thread_id: str, ns: str, channel: str, parent_id: str | None
-    ) -> _Last | None:
-        """The channel's value at the parent checkpoint, read back (after a restart, or a cache miss)."""
-        if parent_id is None:
-            return None
-        versions = conn.execute(
-            sa.select(checkpoints.c.versions).where(
-                checkpoints.c.thread_id == thread_id,
-                checkpoints.c.checkpoint_ns == ns,
-                checkpoints.c.checkpoint_id == parent_id,
-            )
-        ).scalar_one_or_none()
-        version = None if versions is None else json.loads(versions).get(channel)
-        if version is None:
-            return None
-        data = _load_channels(conn, thread_id, ns, {channel: version}).get(channel)
-        if data is None or data[0] != "msgpack":
-            return None
-        array = _delta.split_array(data[1])
-        return None if array is None else _Last(version, array[0], bytes(array[1]))
 
     def put_writes(
         self,
@@ -273,22 +203,17 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
                 "blob": data,
             }
             (special if channel in WRITES_IDX_MAP else regular).append(row)
-        insert = self.db.dialect.insert
-        with self.db.begin("saving LangGraph writes") as conn:
-            if regular:  # a write already stored for (task, idx) stays as it is
-                conn.execute(insert(writes_t).on_conflict_do_nothing(), regular)
-            for row in special:  # errors, interrupts... replace the previous one
-                stmt = insert(writes_t).values(row)
-                conn.execute(
-                    stmt.on_conflict_do_update(
-                        index_elements=["thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx"],
-                        set_={
-                            "channel": stmt.excluded.channel,
-                            "type": stmt.excluded.type,
-                            "blob": stmt.excluded.blob,
-                        },
-                    )
-                )
+        with self._writing("saving LangGraph writes") as conn:
+            if regular:
+                conn.execute(self._sql.put_writes, regular)
+            for row in special:
+                conn.execute(self._sql.replace_write, row)
+        if self.runs is not None and special:
+            channels = {r["channel"] for r in special}
+            if RESUME in channels:
+                self.runs.resumed(base["thread_id"])
+            if INTERRUPT in channels:
+                self.runs.interrupted(base["thread_id"])
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -343,72 +268,49 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         return cast(CheckpointMetadata, self.serde.loads_typed((row["metadata_type"], row["metadata"])))
 
     def _tuples(self, conn: Connection, rows: builtins.list[Any]) -> builtins.list[CheckpointTuple]:
-        pending = _pending_writes(conn, rows)
-        out = []
-        for row in rows:
-            thread_id, ns, checkpoint_id = row["thread_id"], row["checkpoint_ns"], row["checkpoint_id"]
-            checkpoint = cast(dict[str, Any], self.serde.loads_typed((row["type"], row["checkpoint"])))
-            stored = _load_channels(conn, thread_id, ns, json.loads(row["versions"]))
-            checkpoint["channel_values"] = {
-                k: self.serde.loads_typed(typed) for k, typed in stored.items() if typed[0] != _EMPTY
-            }
-            parent = row["parent_checkpoint_id"]
-            out.append(
-                CheckpointTuple(
-                    config={
-                        "configurable": {
-                            "thread_id": thread_id,
-                            "checkpoint_ns": ns,
-                            "checkpoint_id": checkpoint_id,
-                        }
-                    },
-                    checkpoint=cast(Checkpoint, checkpoint),
-                    metadata=self._metadata(row),
-                    parent_config=(
-                        {
-                            "configurable": {
-                                "thread_id": thread_id,
-                                "checkpoint_ns": ns,
-                                "checkpoint_id": parent,
-                            }
-                        }
-                        if parent
-                        else None
-                    ),
-                    pending_writes=[
-                        (w["task_id"], w["channel"], self.serde.loads_typed((w["type"], w["blob"])))
-                        for w in pending.get((thread_id, ns, checkpoint_id), [])
-                    ],
-                )
-            )
-        return out
+        pending = _sql.pending_writes(conn, rows)
+        return [self._tuple(conn, row, pending.get(_where(row), [])) for row in rows]
+
+    def _tuple(self, conn: Connection, row: Any, writes: builtins.list[Any]) -> CheckpointTuple:
+        thread_id, ns, checkpoint_id = _where(row)
+        checkpoint = cast(dict[str, Any], self.serde.loads_typed((row["type"], row["checkpoint"])))
+        stored = _sql.load_channels(conn, thread_id, ns, json.loads(row["versions"]))
+        checkpoint["channel_values"] = {
+            k: self.serde.loads_typed(typed) for k, typed in stored.items() if typed[0] != _sql.EMPTY
+        }
+        parent = row["parent_checkpoint_id"]
+        writes = sorted(writes, key=lambda w: writes_sort_key(w["task_path"], w["task_id"], w["idx"]))
+        return CheckpointTuple(
+            config=_config(thread_id, ns, checkpoint_id),
+            checkpoint=cast(Checkpoint, checkpoint),
+            metadata=self._metadata(row),
+            parent_config=_config(thread_id, ns, parent) if parent else None,
+            pending_writes=[
+                (w["task_id"], w["channel"], self.serde.loads_typed((w["type"], w["blob"]))) for w in writes
+            ],
+        )
 
     # --- deleting and copying --------------------------------------------------------------
 
     def delete_thread(self, thread_id: str) -> None:
-        with self.db.begin("deleting a LangGraph thread") as conn:
-            for table in (writes_t, blobs, checkpoints):
-                conn.execute(table.delete().where(table.c.thread_id == str(thread_id)))
-        self._forget([str(thread_id)])
+        with self._writing("deleting a LangGraph thread") as conn:
+            _sql.delete_thread(conn, str(thread_id))
+        self._lists.forget([str(thread_id)])
+        if self.runs is not None:
+            self.runs.deleted([str(thread_id)])
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints these runs wrote, their writes, and the blobs nothing reaches any more."""
         ids = [str(r) for r in run_ids]
         if not ids:
             return
-        with self.db.begin("deleting LangGraph runs") as conn:
-            doomed = list(
-                conn.execute(
-                    sa.select(
-                        checkpoints.c.thread_id, checkpoints.c.checkpoint_ns, checkpoints.c.checkpoint_id
-                    ).where(checkpoints.c.run_id.in_(ids))
-                )
-            )
-            _delete_checkpoints(conn, doomed)
+        with self._writing("deleting LangGraph runs") as conn:
+            doomed = _sql.run_checkpoints(conn, ids)
+            _sql.delete_checkpoints(conn, doomed)
             threads = sorted({t for t, _, _ in doomed})
             for thread_id in threads:
-                _collect_garbage(conn, thread_id)
-        self._forget(threads)
+                _sql.collect_garbage(conn, thread_id)
+        self._lists.forget(threads)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Keep each namespace's latest checkpoint of each thread (``keep_latest``), or none (``delete``).
@@ -422,35 +324,21 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
             for thread_id in threads:
                 self.delete_thread(thread_id)
             return
-        with self.db.begin("pruning LangGraph threads") as conn:
+        with self._writing("pruning LangGraph threads") as conn:
             for thread_id in threads:
-                rows = list(
-                    conn.execute(
-                        sa.select(checkpoints.c.checkpoint_ns, checkpoints.c.checkpoint_id).where(
-                            checkpoints.c.thread_id == thread_id
-                        )
-                    )
-                )
+                rows = _sql.thread_checkpoints(conn, thread_id)
                 latest: dict[str, str] = {}
                 for ns, cid in rows:
                     latest[ns] = max(latest.get(ns, cid), cid)
                 doomed = [(thread_id, ns, cid) for ns, cid in rows if latest[ns] != cid]
-                _delete_checkpoints(conn, doomed)
-                _collect_garbage(conn, thread_id)
-        self._forget(threads)
+                _sql.delete_checkpoints(conn, doomed)
+                _sql.collect_garbage(conn, thread_id)
+        self._lists.forget(threads)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and write of one thread to another (which keeps what it had)."""
-        source, target = str(source_thread_id), str(target_thread_id)
-        insert = self.db.dialect.insert
-        with self.db.begin("copying a LangGraph thread") as conn:
-            for table in (checkpoints, blobs, writes_t):
-                rows = [
-                    {**r, "thread_id": target}
-                    for r in conn.execute(sa.select(table).where(table.c.thread_id == source)).mappings()
-                ]
-                if rows:
-                    conn.execute(insert(table).on_conflict_do_nothing(), rows)
+        with self._writing("copying a LangGraph thread") as conn:
+            _sql.copy_thread(conn, self._sql, str(source_thread_id), str(target_thread_id))
 
     # --- async: the same operations in a worker thread -------------------------------------
 
@@ -502,143 +390,12 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
 
 
-# --- SQL helpers ---------------------------------------------------------------------------
+def _where(row: Any) -> tuple[str, str, str]:
+    return row["thread_id"], row["checkpoint_ns"], row["checkpoint_id"]
 
 
-def _exists(conn: Connection, thread_id: str, ns: str, channel: str, version: str) -> bool:
-    """Whether a blob row is (still) there: another process may have pruned a cached base."""
-    return (
-        conn.execute(
-            sa.select(sa.literal(1)).where(
-                blobs.c.thread_id == thread_id,
-                blobs.c.checkpoint_ns == ns,
-                blobs.c.channel == channel,
-                blobs.c.version == version,
-            )
-        ).first()
-        is not None
-    )
-
-
-def _load_channels(
-    conn: Connection, thread_id: str, ns: str, versions: dict[str, str]
-) -> dict[str, tuple[str, bytes]]:
-    """The serialized value of each channel at its version, deltas joined back into whole lists."""
-    if not versions:
-        return {}
-    keys = [(k, str(v)) for k, v in versions.items()]
-    rows = conn.execute(
-        sa.select(
-            blobs.c.channel, blobs.c.version, blobs.c.type, blobs.c.blob, blobs.c.base_version, blobs.c.added
-        ).where(
-            blobs.c.thread_id == thread_id,
-            blobs.c.checkpoint_ns == ns,
-            sa.tuple_(blobs.c.channel, blobs.c.version).in_(keys),
-        )
-    ).all()
-    out: dict[str, tuple[str, bytes]] = {}
-    chained = []
-    for channel, _version, type_, blob, _base, _items in rows:
-        if type_ == _DELTA:
-            chained.append(channel)
-        else:
-            out[channel] = (type_, blob or b"")
-    if chained:
-        history: dict[str, dict[str, tuple[str, bytes, str | None, int | None]]] = defaultdict(dict)
-        for channel, version, type_, blob, base, items in conn.execute(
-            sa.select(
-                blobs.c.channel,
-                blobs.c.version,
-                blobs.c.type,
-                blobs.c.blob,
-                blobs.c.base_version,
-                blobs.c.added,
-            ).where(blobs.c.thread_id == thread_id, blobs.c.checkpoint_ns == ns, blobs.c.channel.in_(chained))
-        ):
-            history[channel][version] = (type_, blob or b"", base, items)
-        for channel in chained:
-            out[channel] = ("msgpack", _rebuild(history[channel], str(versions[channel])))
-    return out
-
-
-def _rebuild(history: dict[str, tuple[str, bytes, str | None, int | None]], version: str) -> bytes:
-    """Walk a delta chain back to a whole list, then join the item bytes forward."""
-    parts: list[tuple[int, bytes | memoryview]] = []
-    current: str | None = version
-    while current is not None:
-        type_, blob, base, items = history[current]
-        if type_ != _DELTA:
-            array = _delta.split_array(blob)
-            if array is None:  # pragma: no cover - a delta's root is always an array
-                raise ValueError(f"the base {current!r} of a list delta is not a list")
-            parts.append(array)
-            break
-        parts.append((int(items or 0), blob))
-        current = base
-    return _delta.join(reversed(parts))
-
-
-def _pending_writes(conn: Connection, rows: list[Any]) -> dict[tuple[str, str, str], list[Any]]:
-    if not rows:
-        return {}
-    keys = [(r["thread_id"], r["checkpoint_ns"], r["checkpoint_id"]) for r in rows]
-    found: dict[tuple[str, str, str], list[Any]] = defaultdict(list)
-    q = sa.select(writes_t).where(
-        writes_t.c.thread_id.in_({k[0] for k in keys}),
-        sa.tuple_(writes_t.c.thread_id, writes_t.c.checkpoint_ns, writes_t.c.checkpoint_id).in_(keys),
-    )
-    for w in conn.execute(q).mappings():
-        found[(w["thread_id"], w["checkpoint_ns"], w["checkpoint_id"])].append(w)
-    for ws in found.values():
-        ws.sort(key=lambda w: writes_sort_key(w["task_path"], w["task_id"], w["idx"]))
-    return found
-
-
-def _delete_checkpoints(conn: Connection, doomed: list[Any]) -> None:
-    keys = [tuple(d) for d in doomed]
-    for start in range(0, len(keys), 500):
-        chunk = keys[start : start + 500]
-        for table in (writes_t, checkpoints):
-            conn.execute(
-                table.delete().where(
-                    sa.tuple_(table.c.thread_id, table.c.checkpoint_ns, table.c.checkpoint_id).in_(chunk)
-                )
-            )
-
-
-def _collect_garbage(conn: Connection, thread_id: str) -> None:
-    """Delete the thread's blobs that no remaining checkpoint reaches (directly, or as a delta's base)."""
-    reached: set[tuple[str, str, str]] = set()
-    for ns, versions in conn.execute(
-        sa.select(checkpoints.c.checkpoint_ns, checkpoints.c.versions).where(
-            checkpoints.c.thread_id == thread_id
-        )
-    ):
-        reached.update((ns, k, str(v)) for k, v in json.loads(versions).items())
-    stored = {
-        (ns, ch, ver): base
-        for ns, ch, ver, base in conn.execute(
-            sa.select(blobs.c.checkpoint_ns, blobs.c.channel, blobs.c.version, blobs.c.base_version).where(
-                blobs.c.thread_id == thread_id
-            )
-        )
-    }
-    todo = [k for k in reached if k in stored]
-    while todo:
-        ns, ch, ver = todo.pop()
-        base = stored.get((ns, ch, ver))
-        if base is not None and (ns, ch, base) not in reached:
-            reached.add((ns, ch, base))
-            todo.append((ns, ch, base))
-    doomed = [k for k in stored if k not in reached]
-    for start in range(0, len(doomed), 500):
-        chunk = doomed[start : start + 500]
-        conn.execute(
-            blobs.delete().where(
-                blobs.c.thread_id == thread_id,
-                sa.tuple_(blobs.c.checkpoint_ns, blobs.c.channel, blobs.c.version).in_(chunk),
-            )
-        )
+def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
 
 
 def _matches(metadata: CheckpointMetadata, query: dict[str, Any]) -> bool:

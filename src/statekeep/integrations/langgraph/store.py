@@ -9,8 +9,8 @@ An item is one memory per text it indexes (``index["fields"]`` or ``put(index=..
 the first holds the value), or a single unindexed memory. Memory ids are derived
 from (namespace, key), so a get is a lookup, not a scan. Values are JSON.
 
-The adapter composes the memory store through its backend primitives (``_insert``,
-``_erase``): it chooses the ids, and writes the vectors LangGraph's index asks for.
+The adapter writes through the memory store's public contract: ``insert`` (it chooses
+the ids, and the vectors LangGraph's index asks for) and ``forget_many``.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class StatekeepStore(BaseStore):
     def forget(self, owner: str) -> int:
         """Erase an owner's items (all their memories, as ``memory.forget``) and the owner's registration."""
         receipt = self.memory.forget(owner)
-        self.memory._erase(self._registry, [_digest(owner)])
+        self.memory.forget_many(self._registry, [_digest(owner)])
         self._owners.discard(owner)
         return receipt.removed
 
@@ -156,7 +156,7 @@ class StatekeepStore(BaseStore):
         except MemoryNotFoundError:
             now = datetime.now(UTC)
             row = self._memory(self._registry, mid, owner, (_OWNER,), {}, now)
-            self.memory._insert([row], self._unit(1))
+            self.memory.insert([row], self._unit(1))
         self._owners.add(owner)
 
     def _routes(self, prefix: Sequence[str]) -> list[str]:
@@ -277,9 +277,9 @@ class StatekeepStore(BaseStore):
                 rows += new_rows
                 texts += new_texts
             if doomed:
-                self.memory._erase(owner, doomed)
+                self.memory.forget_many(owner, doomed)
             if rows:
-                self.memory._insert(rows, self._vectors(texts))
+                self.memory.insert(rows, self._vectors(texts))
 
     def _ids(self, namespace: tuple[str, ...], key: str) -> list[str]:
         base = _item_id(namespace, key)
