@@ -12,7 +12,7 @@ import inspect
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from statekeep._check import check_int
 from statekeep._extras import requires
-from statekeep.errors import EmbedderError
+from statekeep.errors import EmbedderError, InvalidInputError
 
 Vectors = npt.NDArray[np.float32]
 
@@ -221,3 +221,22 @@ def check_vectors(embedder: Embedder, vectors: Vectors, count: int) -> Vectors:
     if not np.isfinite(arr).all():
         raise EmbedderError(embedder.name, "returned a vector that is not finite")
     return normalize(arr)
+
+
+def check_query_vector(embedder: Embedder, vector: Sequence[float]) -> Vectors:
+    """A caller's query vector as the embedder would give it; :class:`InvalidInputError` if it is not one."""
+    want = f"must be {embedder.dimension} finite numbers, not all zero"
+    if isinstance(vector, str | bytes | Mapping):
+        raise InvalidInputError(want, field="vector")
+    try:
+        with np.errstate(over="ignore"):
+            flat = np.asarray(vector, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise InvalidInputError(want, field="vector") from None
+    if flat.ndim != 1:
+        raise InvalidInputError(want + " (one vector, not a batch)", field="vector")
+    arr = flat.reshape(1, -1)
+    if arr.shape[1] != embedder.dimension or not np.isfinite(arr).all() or not arr.any():
+        raise InvalidInputError(want, field="vector")
+    checked: Vectors = check_vectors(embedder, arr, 1)[0]
+    return checked
