@@ -8,12 +8,15 @@ newest rows, timed in turns with the builds. Target: flat in history
 length, p50 < 5 ms at 8k. Each case is also timed as a runtime calls it,
 with a system prompt, pinned task state and five memories, and cold: with
 the store's cache of decoded entries emptied first, as in the first build
-after a worker picks a run up (later builds of the run reuse most rows).
+after a worker picks a run up (later builds of the run reuse most rows), and
+from a new store object on the same database (as a worker opening its stores
+per run: decoded entries are shared by the store objects of one database).
 
 Run from the repository root::
 
     PYTHONPATH=src python -m bench.context            # 1k, 10k, 100k events
     PYTHONPATH=src python -m bench.context --quick    # 1k and 10k, fewer repeats
+    PYTHONPATH=src python -m bench.context --huge     # also 1,000,000 events
 
 PostgreSQL is ``STATEKEEP_BENCH_POSTGRES_URL`` if set, else an embedded server.
 Results go to ``bench/results/context.json``.
@@ -140,6 +143,8 @@ def _stats(samples: list[float]) -> dict[str, float]:
     return {
         "p50_ms": statistics.median(samples),
         "p99_ms": samples[min(len(samples) - 1, int(len(samples) * 0.99))],
+        "min_ms": samples[0],
+        "max_ms": samples[-1],
     }
 
 
@@ -181,10 +186,14 @@ def bench_backend(name: str, url: str, sizes: list[int], repeat: int) -> list[di
                         s, b, system=SYSTEM, pinned=PINNED, memories=MEMORIES, compact=False
                     ),
                     "cold": lambda b=budget, s=session: cold_build(store, s, b),
+                    "new_store": lambda b=budget, s=session: SQLContextStore(store.db).build(
+                        s, b, compact=False
+                    ),
                 },
                 reps,
             )
             build, base, full, cold = times["build"], times["select"], times["full"], times["cold"]
+            fresh = times["new_store"]
             row = {
                 "backend": name,
                 "events": n,
@@ -194,7 +203,9 @@ def bench_backend(name: str, url: str, sizes: list[int], repeat: int) -> list[di
                 "baseline_select": base,
                 "build_with_sections": full,
                 "build_cold": cold,
+                "build_new_store_object": fresh,
                 "ratio_p50": build["p50_ms"] / base["p50_ms"],
+                "new_store_ratio_p50": fresh["p50_ms"] / base["p50_ms"],
             }
             out.append(row)
             print(
@@ -202,7 +213,8 @@ def bench_backend(name: str, url: str, sizes: list[int], repeat: int) -> list[di
                 f"build p50={build['p50_ms']:7.2f} ms p99={build['p99_ms']:7.2f} ms  "
                 f"select p50={base['p50_ms']:6.2f} ms  ratio={row['ratio_p50']:.1f}x  "
                 f"with system+pinned+memories p50={full['p50_ms']:6.2f} ms  "
-                f"cold p50={cold['p50_ms']:6.2f} ms"
+                f"cold p50={cold['p50_ms']:6.2f} ms  "
+                f"new store object p50={fresh['p50_ms']:6.2f} ms ({row['new_store_ratio_p50']:.1f}x)"
             )
     store.db.dispose()
     return out
@@ -234,8 +246,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1k and 10k events only, fewer repeats")
     parser.add_argument("--repeat", type=int, default=200, help="timed builds per case at 8k")
+    parser.add_argument("--huge", action="store_true", help="also 1,000,000 events (a few minutes to load)")
     args = parser.parse_args()
     sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
+    sizes += [1_000_000] if args.huge else []
     repeat = 50 if args.quick else args.repeat
     TiktokenCounter().count("warm up")
     results = []

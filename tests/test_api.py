@@ -33,10 +33,11 @@ def test_every_error_derives_from_the_root() -> None:
 
 
 def test_import_is_light() -> None:
-    """import statekeep does not import torch, lancedb, sentence-transformers or tiktoken."""
+    """import statekeep imports no torch, lancedb, sentence-transformers, tiktoken, SQLAlchemy or pydantic."""
     code = (
         "import sys, statekeep; "
-        "heavy = [m for m in ('torch', 'lancedb', 'sentence_transformers', 'tiktoken') if m in sys.modules]; "
+        "heavy = ('torch', 'lancedb', 'sentence_transformers', 'tiktoken', 'sqlalchemy', 'pydantic'); "
+        "heavy = [m for m in heavy if m in sys.modules]; "
         "print(','.join(heavy))"
     )
     src = str(Path(statekeep.__file__).parents[1])

@@ -20,21 +20,46 @@ Examples:
     >>> settings = statekeep.Settings.load(home="/tmp/statekeep-doc")
 """
 
+import importlib as _importlib
 import typing as _typing
 
-from statekeep.config import Settings
-from statekeep.context import Message, SQLContextStore
-from statekeep.errors import StatekeepError, Suspended
-from statekeep.models import ModelResponse, OpenAIChatModel, ScriptedModel
-from statekeep.runtime import Agent, AgentTool, Runtime
-from statekeep.workflow import Engine, Registry, RunContext, RunStatus, Worker, WorkflowStore
-from statekeep.working import SQLWorkingStateStore, StateMigrations, WorkingState
-
 if _typing.TYPE_CHECKING:
+    from statekeep.config import Settings
+    from statekeep.context import Message, SQLContextStore
+    from statekeep.errors import StatekeepError, Suspended
     from statekeep.memory import Provenance, open_memory_store
+    from statekeep.models import ModelResponse, OpenAIChatModel, ScriptedModel
+    from statekeep.runtime import Agent, AgentTool, Runtime
+    from statekeep.workflow import Engine, Registry, RunContext, RunStatus, Worker, WorkflowStore
+    from statekeep.working import SQLWorkingStateStore, StateMigrations, WorkingState
 
-#: Loaded on first use: memory needs numpy, which the core install does not have.
-_LAZY = ("Provenance", "open_memory_store")
+#: Every name, by the module it comes from, loaded on first use: ``import statekeep`` itself
+#: imports neither SQLAlchemy nor pydantic (a command line that needs one store pays for that
+#: one), and memory needs numpy, which the core install does not have.
+_LAZY = {
+    "Agent": "statekeep.runtime",
+    "AgentTool": "statekeep.runtime",
+    "Engine": "statekeep.workflow",
+    "Message": "statekeep.context",
+    "ModelResponse": "statekeep.models",
+    "OpenAIChatModel": "statekeep.models",
+    "Provenance": "statekeep.memory",
+    "Registry": "statekeep.workflow",
+    "RunContext": "statekeep.workflow",
+    "RunStatus": "statekeep.workflow",
+    "Runtime": "statekeep.runtime",
+    "SQLContextStore": "statekeep.context",
+    "SQLWorkingStateStore": "statekeep.working",
+    "ScriptedModel": "statekeep.models",
+    "Settings": "statekeep.config",
+    "StateMigrations": "statekeep.working",
+    "StatekeepError": "statekeep.errors",
+    "Suspended": "statekeep.errors",
+    "Worker": "statekeep.workflow",
+    "WorkflowStore": "statekeep.workflow",
+    "WorkingState": "statekeep.working",
+    "open_memory_store": "statekeep.memory",
+}
 
 __version__ = "0.1.0"
 
@@ -65,9 +90,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """The names of :data:`_LAZY`, from :mod:`statekeep.memory` (a MissingExtraError without numpy)."""
-    if name in _LAZY:
-        import statekeep.memory
-
-        return getattr(statekeep.memory, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """The names of :data:`_LAZY`, imported on first use (memory: a MissingExtraError without numpy)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value

@@ -28,7 +28,7 @@ from statekeep.context import (
 )
 from statekeep.context.sql import events
 from statekeep.db import Database
-from statekeep.errors import InvalidInputError, StatekeepError, StorageError
+from statekeep.errors import InvalidInputError, SealedDataError, StatekeepError, StorageError
 from statekeep.working import SQLWorkingStateStore
 
 from .conftest import StoreFactory
@@ -165,9 +165,9 @@ def test_a_build_reuses_decoded_entries_only_while_the_row_is_unchanged(sql_url:
 
 def test_the_entry_cache_is_bounded() -> None:
     """The decoded-entry cache empties itself at its size instead of growing with every session."""
-    from statekeep.context.sql import _EntryCache
+    from statekeep.context.sql import EntryCache
 
-    cache = _EntryCache(size=10)
+    cache = EntryCache(size=10)
     rows = [(seq, "user", f'{{"role":"user","content":"{seq}"}}', 3, "c") for seq in range(1, 8)]
     assert [e.seq for e in cache.entries("a", rows)] == list(range(1, 8))
     assert len(cache._rows) == 7
@@ -178,11 +178,11 @@ def test_the_entry_cache_is_bounded() -> None:
 
 def test_the_entry_cache_is_bounded_in_characters_too() -> None:
     """Large tool results fill the cache by size, not by count; a read bigger than the bound is not kept."""
-    from statekeep.context.sql import _EntryCache
+    from statekeep.context.sql import EntryCache
 
     big = "x" * 1000
     rows = [(seq, "user", f'{{"role":"user","content":"{big}{seq}"}}', 3, "c") for seq in range(1, 6)]
-    cache = _EntryCache(size=1000, chars=2500)
+    cache = EntryCache(size=1000, chars=2500)
     cache.entries("a", rows[:2])
     assert len(cache._rows) == 2
     cache.entries("b", rows[:2])  # 4 payloads > 2,500 characters: emptied first
@@ -217,9 +217,9 @@ def test_retention_also_drops_the_deleted_events_from_the_entry_cache(sql_url: s
 
 def test_the_entry_cache_survives_builds_and_retention_on_other_threads() -> None:
     """forget() scans a copy: a build inserting entries on another thread never breaks it."""
-    from statekeep.context.sql import _EntryCache
+    from statekeep.context.sql import EntryCache
 
-    cache = _EntryCache(size=1_000_000)
+    cache = EntryCache(size=1_000_000)
     rows = [(seq, "user", f'{{"role":"user","content":"{seq}"}}', 3, "c") for seq in range(1, 201)]
     for i in range(200):  # a big cache: each scan takes long enough to be interrupted
         cache.entries(f"warm-{i}", rows)
@@ -245,3 +245,22 @@ def test_the_entry_cache_survives_builds_and_retention_on_other_threads() -> Non
         thread.join()
     assert errors == []
     assert not any(sid == "warm-0" and seq < 190 for sid, seq in cache._rows)
+
+
+def test_stores_on_one_database_share_decoded_entries_only_with_the_same_key_ring(tmp_path: Path) -> None:
+    """A new store object on the same Database reuses decoded entries; one without the key ring refuses."""
+    from statekeep.keys import KeyRing, LocalKeyFile
+
+    db = Database(f"sqlite:///{tmp_path}/c.db")
+    ring = KeyRing(db, LocalKeyFile(tmp_path / "keys.json"))
+    first = SQLContextStore(db, keys=ring)
+    first.append("s", Message.user("My PIN is 4711."), owner="alice")
+    assert first.build("s", 1000).messages[0].content == "My PIN is 4711."
+    again = SQLContextStore(db, keys=ring)
+    assert again._entry_cache is first._entry_cache
+    assert again.build("s", 1000).messages[0].content == "My PIN is 4711."
+    keyless = SQLContextStore(db)
+    assert keyless._entry_cache is not first._entry_cache
+    with pytest.raises(SealedDataError):
+        keyless.build("s", 1000)
+    db.dispose()

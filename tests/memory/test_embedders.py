@@ -87,3 +87,39 @@ def test_importing_the_memory_package_loads_no_heavy_dependency() -> None:
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_the_numpy_encoder_gives_sentence_transformers_vectors() -> None:
+    """A few texts run through numpy, many through sentence-transformers: the vectors agree to 1e-5."""
+    from sentence_transformers import SentenceTransformer
+
+    texts = [
+        "Alice prefers green tea in the morning.",
+        "",
+        "Ünïcödé façade naïve café — 東京 🚀",
+        "word " * 400,  # longer than the model's 256 tokens: truncated alike
+        "INC-20931",
+    ]
+    few = np.concatenate([SentenceTransformerEmbedder().embed([t]) for t in texts])
+    reference = SentenceTransformer(_default_model_path(), device="cpu")
+    expected = reference.encode(texts, normalize_embeddings=True)
+    assert np.abs(few - expected).max() < 1e-5
+    many = SentenceTransformerEmbedder().embed(texts * 2)  # more than FEW: sentence-transformers
+    assert np.abs(many[: len(texts)] - expected).max() < 1e-5
+
+
+def test_embedding_a_query_imports_neither_torch_nor_sentence_transformers() -> None:
+    """A process that only embeds a query (a search) never pays for importing torch."""
+    code = (
+        "import sys; from statekeep.memory import SentenceTransformerEmbedder; "
+        "v = SentenceTransformerEmbedder().embed(['what does Alice drink?']); assert v.shape == (1, 384); "
+        "print(','.join(m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules))"
+    )
+    src = str(Path(statekeep.__file__).parents[1])
+    env = {
+        **os.environ,
+        "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "HF_HUB_OFFLINE": "1",
+    }
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == ""

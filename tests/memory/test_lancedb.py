@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,34 @@ def test_a_folder_of_an_earlier_version_is_upgraded_with_identities_and_write_or
         assert store.remember("alice", "Alice has a cat.").seq == 4
         assert store.search("alice", "Alice has a dog", k=1)[0].memory.id == "c"
         assert store.search("alice", "dog", k=1, mode="hybrid")[0].memory.id == "c"
+
+
+def test_a_writers_held_rows_rank_as_lancedb_does(tmp_path: Path) -> None:
+    """A writer searching its in-process rows returns what LanceDB itself returns (a reader holds nothing)."""
+    folder = tmp_path / "m"
+    writer = LanceDBMemoryStore(folder, FakeEmbedder(), duplicate_threshold=None)
+    notes = [f"note {i} about {topic}" for i in range(60) for topic in ("tea", "trains")][:90]
+    writer.remember_many("alice", notes)
+    writer.remember("alice", "a note about tea that lapses", ttl=timedelta(seconds=30))
+    old = writer.remember("alice", "the old address is Elm Street")
+    writer.remember_many("bob", ["bob's note about tea"] * 3)
+    queries = ["tea", "trains", "note 7", "the old address is Elm Street", "the new address is Oak Street"]
+    before = {q: _ranked(writer, q) for q in queries}  # reads alice's rows into the writer's cache
+    new = writer.supersede("alice", old.id, "the new address is Oak Street")  # applied to the cache
+    writer.now = lambda: datetime.now(UTC) + timedelta(minutes=1)  # type: ignore[method-assign]
+    reader = LanceDBMemoryStore(folder, FakeEmbedder(), read_only=True)
+    reader.now = writer.now  # type: ignore[method-assign]
+    for q in queries:
+        held, lance = _ranked(writer, q), _ranked(reader, q)
+        assert [i for i, _ in held] == [i for i, _ in lance]
+        assert [s for _, s in held] == pytest.approx([s for _, s in lance], abs=1e-5)
+    assert _ranked(writer, "the new address is Oak Street")[0][0] == new.id
+    assert old.id not in {i for q in queries for i, _ in _ranked(writer, q)}
+    assert any(old.id in {i for i, _ in r} for r in before.values())
+    assert writer._cache.get("alice") is not None
+    assert reader._cache.get("alice") is None
+    writer.close()
+
+
+def _ranked(store: LanceDBMemoryStore, query: str) -> list[tuple[str, float]]:
+    return [(h.memory.id, round(h.score, 6)) for h in store.search("alice", query, k=8)]

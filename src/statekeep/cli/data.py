@@ -46,7 +46,9 @@ def memory_search(
     owner: Owner,
     query: Annotated[str, typer.Argument(help="What to look for, in words.", show_default=False)],
     k: Annotated[int, typer.Option(help="How many memories at most.")] = 5,
-    hybrid: Annotated[bool, typer.Option(help="Vector plus full-text search.")] = False,
+    hybrid: Annotated[
+        bool, typer.Option(help="Vector plus full-text search (the default); --no-hybrid: by meaning alone.")
+    ] = True,
     embedder: EmbedderOption = None,
     json_out: JSONOut = False,
     database_url: DatabaseURL = None,

@@ -9,6 +9,8 @@ Never edit a migration once released: append a new one.
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,6 +45,12 @@ def _key(metadata: sa.MetaData, table: str) -> str:
     return f"{metadata.schema}.{table}" if metadata.schema else table
 
 
+#: Stores each Database was found current for in this process, as (store, schema, version): a
+#: store object opened again on the same Database (a worker opens them per run) checks nothing.
+_CURRENT: weakref.WeakKeyDictionary[Database, set[tuple[str, str, int]]] = weakref.WeakKeyDictionary()
+
+
+@functools.lru_cache(maxsize=64)
 def _version_table(store: str, schema: str) -> sa.Table:
     return sa.Table(
         f"{store}_migrations",
@@ -71,16 +79,19 @@ def upgrade(db: Database, store: str, schema: str, migrations: Sequence[Migratio
     """
     _check_numbering(store, migrations)
     db.register_schema(schema)
+    seen = (store, schema, len(migrations))
+    if seen in _CURRENT.get(db, ()):
+        return len(migrations)
     try:
         # a read first: opening a store whose schema is current takes no write lock
         applied = current_version(db, store, schema)
         if applied > len(migrations):
             raise SchemaVersionError(store, applied, len(migrations), "database is newer than this code")
-        if applied == len(migrations):
-            return applied
-        _apply_pending(db, store, _version_table(store, schema), schema, migrations)
+        if applied < len(migrations):
+            _apply_pending(db, store, _version_table(store, schema), schema, migrations)
     except (sa.exc.OperationalError, StorageError) as exc:
         raise storage_error(exc, f"upgrading the {store} store in {db!r}") from exc
+    _CURRENT.setdefault(db, set()).add(seen)
     return len(migrations)
 
 

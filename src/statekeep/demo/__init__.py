@@ -36,6 +36,40 @@ from statekeep.workflow import RunStatus, SQLWorkflowStore
 RESEARCH_SECONDS = 4.0
 MARKER = ".statekeep-demo"
 LEASE_SECONDS = 2.0
+#: Seconds of silence after which the demo says what it is waiting for (checked every 0.2 s).
+QUIET = 0.8
+
+
+class _Progress:
+    """Prints what the demo waits for whenever a second passes without a line of output."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.last = time.monotonic()
+        self.what: str | None = None
+        self.since = 0.0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._tick, daemon=True, name="demo-progress").start()
+
+    def said(self) -> None:
+        """A line was printed: the silence starts over."""
+        self.last = time.monotonic()
+
+    def waiting(self, what: str | None) -> None:
+        """From now on the demo waits for ``what`` (None: for nothing)."""
+        with self._lock:
+            self.what, self.since = what, time.monotonic()
+        self.said()
+
+    def _tick(self) -> None:
+        while True:
+            time.sleep(0.2)
+            with self._lock:
+                what, since = self.what, self.since
+            now = time.monotonic()
+            if what is not None and now - self.last > QUIET:
+                self.console.print(f"    [dim]... {what} ({now - since:.0f} s)[/]", highlight=False)
+                self.said()
 
 
 class Demo:
@@ -57,6 +91,7 @@ class Demo:
         #: a fresh owner per demo, so erasing it touches no one else's memories
         self.owner = f"{crm.OWNER}-{suffix}"
         self.workers = 0
+        self.progress = _Progress(console)
 
     # --- the story ----------------------------------------------------------------------------
 
@@ -93,10 +128,12 @@ class Demo:
         c = self.console
         c.print("[bold]1. Worker 1 picks the run up.[/] It will be killed while looking the lead up.")
         proc = self._worker(research=RESEARCH_SECONDS)
+        self.progress.waiting("worker 1 starting (a new process) and calling the model")
         self._wait(lambda: any(t.tool == "research_lead" for t in self.store.tool_calls(self.run_id)), proc)
         time.sleep(0.5)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        self.progress.waiting(None)
         c.print(f"    [red]SIGKILL[/] worker 1 (pid {proc.pid}) in the middle of research_lead.")
         self._journal("What survived the crash")
 
@@ -110,7 +147,9 @@ class Demo:
             "   replays the journal (steps 1-2 return their recorded outputs: no model call is paid twice),"
         )
         c.print("   and finds research_lead started but never completed: its reconciler decides.")
+        self.progress.waiting("worker 2: it takes the run over once the lease expires, then exits when idle")
         self._worker(research=0).wait()
+        self.progress.waiting(None)
         run = self.store.get(self.run_id)
         pending = self.store.approvals(run_id=self.run_id)
         if run.status != "waiting_for_approval" or not pending:
@@ -137,12 +176,14 @@ class Demo:
             ],
         ):
             c.print(f"    $ statekeep {' '.join(args)}")
+            self.progress.waiting(f"statekeep {args[0]} {args[1]}")
             out = subprocess.run(
                 [sys.executable, "-m", "statekeep", *args],
                 env=self._env("cli"),
                 capture_output=True,
                 text=True,
             )
+            self.progress.waiting(None)
             for line in (out.stdout + out.stderr).strip().splitlines():
                 c.print(f"      {line}", markup=False, highlight=False, soft_wrap=True)
             if out.returncode:
@@ -151,7 +192,9 @@ class Demo:
     def _finish(self) -> None:
         c = self.console
         c.print("\n[bold]4. Worker 3 finishes the run.[/]")
-        self._worker(research=0).wait()
+        self.progress.waiting("worker 3 starting and finishing the run")
+        self._worker(research=0, idle_exit=1.0).wait()
+        self.progress.waiting(None)
         run = self.store.get(self.run_id)
         writes = crm.crm_writes(self.home / "crm.sqlite")
         c.print(f"    run status: [green]{run.status}[/]; answer: {run.output!r}")
@@ -163,9 +206,11 @@ class Demo:
     def _memory(self) -> None:
         c = self.console
         c.print("\n[bold]5. Long-term memory: what the agent learned, with where it came from.[/]")
+        self.progress.waiting("opening the memory store and loading the embedding model")
         rt = crm.build_runtime(self.settings)
         try:
             hits = rt.memory.search(self.owner, "How does Ada like to be contacted?", k=3)
+            self.progress.waiting(None)
             for hit in hits:
                 p = hit.memory.provenance
                 c.print(f"    found ({hit.score:.2f}): {hit.memory.content!r}")
@@ -239,11 +284,13 @@ class Demo:
             "COLUMNS": str(max(80, self.console.width - 6)),
         }
 
-    def _worker(self, research: float) -> subprocess.Popen[str]:
+    def _worker(self, research: float, idle_exit: float = LEASE_SECONDS + 2) -> subprocess.Popen[str]:
+        """A worker process; it exits after ``idle_exit`` seconds without a runnable run
+        (worker 2 must outlast the lease of the worker killed before it)."""
         self.workers += 1
         who = f"worker {self.workers}"
         cmd = [sys.executable, "-m", "statekeep", "worker", "--app", "statekeep.demo.crm:build_runtime"]
-        cmd += ["--idle-exit", str(LEASE_SECONDS + 2), "--poll", "0.1", "--max-poll", "0.5"]
+        cmd += ["--idle-exit", str(idle_exit), "--poll", "0.1", "--max-poll", "0.5"]
         proc = subprocess.Popen(
             cmd, env=self._env(who, research), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -254,6 +301,7 @@ class Demo:
         for line in stream or ():
             if line.startswith("    ["):
                 self.console.print(line.rstrip(), markup=False, highlight=False)
+                self.progress.said()
 
     def _wait(self, done: Any, proc: subprocess.Popen[str], timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout

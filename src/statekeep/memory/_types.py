@@ -22,7 +22,8 @@ from statekeep.errors import InvalidInputError
 
 MemoryKind = Literal["semantic", "episodic", "procedural"]
 SourceKind = Literal["user_supplied", "agent_inferred", "system_verified", "imported"]
-SearchMode = Literal["vector", "hybrid"]
+SearchMode = Literal["vector", "text", "hybrid"]
+SEARCH_MODES: tuple[SearchMode, ...] = ("vector", "text", "hybrid")
 #: What ``remember`` does with a memory that matches one already stored (see :class:`MemoryStore`).
 DedupeMode = Literal["exact", "similar", "none"]
 #: Why ``remember`` did not add a new, independently searchable memory.

@@ -1,14 +1,10 @@
 """The long-term memory contract: owner-scoped, provenance-tracked, searchable, erasable.
 
-A backend implements a few primitives (``_insert``, ``_same``, ``_nearest``,
-``_text``, ``_get``, ``_list``, ``_mark_superseded``, ``_erase``, ``_purge``,
-``_stale``, ``_set_vectors``); validation, embedding, deduplication, hybrid
-fusion, export and re-embedding live here, once. Every primitive takes the owner
-and must never touch another owner's rows.
-
-Ranking is deterministic: every backend orders results by score, then content
-(by code point), then write order (``seq``), so the same data and query give
-the same results on every run and every backend whose scores agree.
+A backend implements the primitives of :class:`~statekeep.memory._backend.MemoryBackend`
+(``_insert``, ``_same``, ``_nearest``, ``_text``, ``_get``, ``_list``,
+``_mark_superseded``, ``_erase``, ``_purge``, ``_stale``, ``_set_vectors``);
+validation, embedding, deduplication (:mod:`._dedupe`), fusion and ranking
+(:mod:`._ranking`), export and re-embedding live here, once.
 """
 
 from __future__ import annotations
@@ -16,8 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
@@ -26,11 +21,13 @@ import numpy as np
 from statekeep import _check, tracing
 from statekeep.errors import ConflictError, InvalidInputError, MemoryNotFoundError
 from statekeep.memory import _dedupe, _types
+from statekeep.memory._backend import MemoryBackend
+from statekeep.memory._dedupe import DEFAULT_DUPLICATE_THRESHOLD, UNSET, merged, policy
+from statekeep.memory._ranking import RRF_K, Fusion, fuse, fuse_scores, rank_key, top_k
 from statekeep.memory._types import (
-    DEDUPE_MODES,
+    SEARCH_MODES,
     Dedupe,
     DedupeMode,
-    Filters,
     ForgetReceipt,
     Memory,
     MemoryInput,
@@ -44,25 +41,23 @@ from statekeep.memory.embedders import (
     Embedder,
     SentenceTransformerEmbedder,
     Vectors,
+    check_query_vector,
     check_vectors,
     is_embedder,
 )
 
-#: With ``dedupe="similar"``: the cosine similarity at or above which a new memory is merged
-#: into an existing one (linked with ``duplicate_of``).
-DEFAULT_DUPLICATE_THRESHOLD = 0.92
-#: The constant of reciprocal-rank fusion: score = sum(1 / (RRF_K + rank)).
-RRF_K = 60
+__all__ = [  # the names other modules and older code import from here
+    "DEFAULT_DUPLICATE_THRESHOLD",
+    "RRF_K",
+    "UNSET",
+    "MemoryStore",
+    "fuse",
+    "new_id",
+    "rank_key",
+    "top_k",
+]
+
 Progress = Callable[[int, int], None]
-
-
-class _Unset:
-    def __repr__(self) -> str:
-        return "<unset>"
-
-
-#: ``duplicate_threshold`` left out: it is then only used by ``dedupe="similar"`` (at 0.92).
-UNSET: Any = _Unset()
 
 
 def new_id() -> str:
@@ -70,74 +65,7 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-def rank_key(hit: SearchResult) -> tuple[float, str, int]:
-    """The order of search results: best score first, then content (by code point), then write order."""
-    return (-hit.score, hit.memory.content, hit.memory.seq)
-
-
-def top_k(fetch: Callable[[int], list[SearchResult]], k: int) -> list[SearchResult]:
-    """The ``k`` best of an engine that ranks by score but cuts ties at its limit arbitrarily.
-
-    ``fetch(n)`` returns the ``n`` best by score, ties in any order. Rows tied
-    with the k-th could be left out by its limit, so fetch more until the last
-    row fetched scores below the k-th: then every tied row was seen, and
-    :func:`rank_key` decides among them.
-    """
-    n = k + 1
-    while True:
-        hits = sorted(fetch(n), key=rank_key)
-        if len(hits) < n or hits[-1].score < hits[k - 1].score:
-            return hits[:k]
-        n *= 4
-
-
-def fuse(rankings: Sequence[Sequence[SearchResult]], k: int) -> list[SearchResult]:
-    """Reciprocal-rank fusion of several rankings into the top ``k`` (ties by :func:`rank_key`)."""
-    scores: dict[str, float] = {}
-    memories: dict[str, Memory] = {}
-    for ranking in rankings:
-        for rank, hit in enumerate(ranking, start=1):
-            scores[hit.memory.id] = scores.get(hit.memory.id, 0.0) + 1.0 / (RRF_K + rank)
-            memories[hit.memory.id] = hit.memory
-    fused = [SearchResult(memories[i], score) for i, score in scores.items()]
-    return sorted(fused, key=rank_key)[:k]
-
-
-def _merged(memory: Memory) -> Memory:
-    """A stored memory as ``remember`` returns it: if it was merged into another, saying so."""
-    if memory.duplicate_of is None:
-        return memory
-    why = Dedupe("similar", memory.duplicate_of, stored=True, similarity=memory.duplicate_score)
-    return dataclasses.replace(memory, dedupe=why)
-
-
-def _policy(dedupe: object, threshold: object) -> tuple[DedupeMode, float | None]:
-    """The deduplication mode and threshold from the store's arguments (old ones included)."""
-    if (
-        threshold is not UNSET
-        and threshold is not None
-        and (isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 < threshold <= 1)
-    ):
-        raise InvalidInputError("must be in (0, 1]", field="duplicate_threshold")
-    if dedupe is None:  # before 'dedupe' existed: a threshold meant similarity merging, None meant off
-        if threshold is UNSET:
-            return "exact", None
-        return ("none", None) if threshold is None else ("similar", float(threshold))
-    mode: DedupeMode | None = next((m for m in DEDUPE_MODES if dedupe == m and isinstance(dedupe, str)), None)
-    if mode is None:
-        raise InvalidInputError(f"{dedupe!r} is not one of {list(DEDUPE_MODES)}", field="dedupe")
-    if mode == "similar":
-        if threshold is None:
-            raise InvalidInputError(
-                "dedupe='similar' needs a threshold in (0, 1]", field="duplicate_threshold"
-            )
-        return mode, DEFAULT_DUPLICATE_THRESHOLD if threshold is UNSET else float(threshold)
-    if threshold is not UNSET and threshold is not None:
-        raise InvalidInputError("is used only with dedupe='similar'", field="duplicate_threshold")
-    return mode, None
-
-
-class MemoryStore(ABC):
+class MemoryStore(MemoryBackend):
     """Long-term memories of owners, searchable by meaning, provably erasable.
 
     Every call names its owner, and no call reads, changes or deletes another
@@ -168,6 +96,8 @@ class MemoryStore(ABC):
 
     #: The backend's name, reported in receipts.
     backend: ClassVar[str] = "base"
+    #: How hybrid search fuses its rankings (pool, weights, session context).
+    fusion: Fusion = Fusion()
 
     def __init__(
         self,
@@ -177,7 +107,7 @@ class MemoryStore(ABC):
         duplicate_threshold: float | None = UNSET,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
-        self.dedupe, self.duplicate_threshold = _policy(dedupe, duplicate_threshold)
+        self.dedupe, self.duplicate_threshold = policy(dedupe, duplicate_threshold)
         if embedder is not None and not is_embedder(embedder):
             raise InvalidInputError(
                 f"must be an Embedder (name, dimension, embed), not {type(embedder).__name__}",
@@ -327,12 +257,7 @@ class MemoryStore(ABC):
         idents = [_dedupe.identity(i.content, i.key) for i in inputs]
         policy: DedupeMode = self.dedupe if dedupe else "none"
         found = self._same(owner, sorted(set(idents)), now) if policy != "none" else {}
-        first: dict[str, int] = {}  # identity -> the batch item that stores it
-        fresh: list[int] = []
-        for i, ident in enumerate(idents):
-            if policy == "none" or (ident not in found and ident not in first):
-                first.setdefault(ident, i)
-                fresh.append(i)
+        first, fresh = _dedupe.plan(idents, found, policy)
         stored: dict[int, Memory] = {}
         if fresh:
             vectors = self._embed([inputs[i].content for i in fresh])
@@ -346,7 +271,7 @@ class MemoryStore(ABC):
                 written = self._insert(memories, vectors)
             else:
                 written = [self._insert_superseding(memories[0], vectors, supersedes)]
-            stored = dict(zip(fresh, map(_merged, written), strict=True))
+            stored = dict(zip(fresh, map(merged, written), strict=True))
         out = []
         for i, ident in enumerate(idents):
             if i in stored:
@@ -394,25 +319,10 @@ class MemoryStore(ABC):
 
     def _similar(self, owner: str, vectors: Vectors, ids: list[str]) -> list[tuple[str, float] | None]:
         """For each new vector, what it merges into (a stored or an earlier new memory) and the cosine."""
-        threshold = self.duplicate_threshold
-        if threshold is None:
+        if self.duplicate_threshold is None:
             return [None] * len(vectors)
-        now = self.now()
-        links: list[tuple[str, float] | None] = []
-        originals: list[int] = []  # batch items that are not duplicates themselves
-        stored = self._nearest_each(owner, vectors, now)
-        for i, vec in enumerate(vectors):
-            hit = stored[i]
-            score, link = (hit.score, hit.memory.id) if hit else (-1.0, None)
-            if originals:
-                sims = vectors[originals] @ vec
-                j = int(np.argmax(sims))
-                if sims[j] > score:
-                    score, link = float(sims[j]), ids[originals[j]]
-            links.append((link, score) if link is not None and score >= threshold else None)
-            if links[-1] is None:
-                originals.append(i)
-        return links
+        stored = self._nearest_each(owner, vectors, self.now())
+        return _dedupe.similar_links(vectors, ids, stored, self.duplicate_threshold)
 
     # --- reading -------------------------------------------------------------------------
 
@@ -422,7 +332,7 @@ class MemoryStore(ABC):
         query: str,
         *,
         k: int = 5,
-        mode: SearchMode = "vector",
+        mode: SearchMode = "hybrid",
         kinds: Iterable[MemoryKind] | MemoryKind | None = None,
         tags: Iterable[str] | str | None = None,
         since: datetime | None = None,
@@ -432,12 +342,16 @@ class MemoryStore(ABC):
         vector: Sequence[float] | None = None,
         include_merged: bool = False,
     ) -> list[SearchResult]:
-        """The owner's ``k`` current memories nearest in meaning to ``query``, best first.
+        """The owner's ``k`` current memories most relevant to ``query``, best first.
 
-        ``mode="hybrid"`` fuses the vector ranking with a full-text ranking
-        (reciprocal-rank fusion). Superseded and expired memories, and memories
-        embedded by another model, are never returned; memories merged into
-        another (``dedupe="similar"``) only with ``include_merged=True``. Pass
+        ``mode="hybrid"`` (the default, the best measured by ``bench/retrieval.py``)
+        fuses the vector ranking with the full-text ranking by their normalised
+        scores and lets neighbouring memories of a session lend each other context
+        (see :mod:`statekeep.memory._ranking`); ``"vector"`` ranks by meaning alone
+        (score = cosine), ``"text"`` by full-text relevance alone. Superseded
+        and expired memories, and memories embedded by another model, are never
+        returned; memories merged into another (``dedupe="similar"``) only with
+        ``include_merged=True``. Pass
         ``vector`` to reuse a query embedding already computed with this store's
         embedder. Ties in score are broken by content, then write order, so the
         same data and query give the same results on every run.
@@ -457,8 +371,8 @@ class MemoryStore(ABC):
         owner = _check.check_id(owner, "owner")
         query = _check.check_text(query, "query", limit=_types.MAX_CONTENT)
         k = _check.check_int(k, "k", minimum=1, maximum=_types.MAX_K)
-        if mode not in ("vector", "hybrid"):
-            raise InvalidInputError("must be 'vector' or 'hybrid'", field="mode")
+        if mode not in SEARCH_MODES:
+            raise InvalidInputError(f"must be one of {list(SEARCH_MODES)}", field="mode")
         filters = _types.check_filters(kinds, tags, since, until, sources, min_trust, include_merged)
         attributes = {
             "statekeep.memory.backend": self.backend,
@@ -466,13 +380,15 @@ class MemoryStore(ABC):
             "statekeep.memory.mode": mode,
         }
         with tracing.span("memory.search", attributes) as span:
-            vec = self._query_vector(query, vector)
             now = self.now()
-            pool = k if mode == "vector" else max(k * 4, 20)
-            if mode == "vector":
-                hits = self._nearest(owner, vec, pool, filters, now)[:k]
+            if mode == "text":
+                hits = self._text(owner, query, k, filters, now)
+            elif mode == "vector":
+                hits = self._nearest(owner, self._query_vector(query, vector), k, filters, now)
             else:
-                hits = fuse(list(self._hybrid(owner, vec, query, pool, filters, now)), k)
+                vec = self._query_vector(query, vector)
+                pool = max(k, self.fusion.pool)
+                hits = fuse_scores(*self._hybrid(owner, vec, query, pool, filters, now), k, self.fusion)
             span.set_attribute("statekeep.memory.results", len(hits))
             return hits
 
@@ -480,21 +396,7 @@ class MemoryStore(ABC):
         if vector is None:
             vec: Vectors = self._embed([query])[0]
             return vec
-        want = f"must be {self.embedder.dimension} finite numbers, not all zero"
-        if isinstance(vector, str | bytes | Mapping):
-            raise InvalidInputError(want, field="vector")
-        try:
-            with np.errstate(over="ignore"):
-                flat = np.asarray(vector, dtype=np.float32)
-        except (TypeError, ValueError):
-            raise InvalidInputError(want, field="vector") from None
-        if flat.ndim != 1:
-            raise InvalidInputError(want + " (one vector, not a batch)", field="vector")
-        arr = flat.reshape(1, -1)
-        if arr.shape[1] != self.embedder.dimension or not np.isfinite(arr).all() or not arr.any():
-            raise InvalidInputError(want, field="vector")
-        checked: Vectors = check_vectors(self.embedder, arr, 1)[0]
-        return checked
+        return check_query_vector(self.embedder, vector)
 
     def get(self, owner: str, memory_id: str) -> Memory:
         """One of the owner's memories, current or not (expired ones are gone).
@@ -622,7 +524,7 @@ class MemoryStore(ABC):
                 progress(done, total)
         return done
 
-    def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
+    def close(self) -> None:
         """Release what the store holds (connections, locks)."""
 
     def __enter__(self) -> MemoryStore:
@@ -630,78 +532,3 @@ class MemoryStore(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # --- primitives ----------------------------------------------------------------------
-
-    @abstractmethod
-    def _insert(self, memories: list[Memory], vectors: Vectors) -> list[Memory]:
-        """Store memories (all of one owner) with their vectors, atomically; return them as stored.
-
-        The store gives each its ``seq``, increasing in the order of ``memories``.
-        """
-
-    @abstractmethod
-    def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
-        """For each identity (:func:`_dedupe.identity`) the owner's oldest unexpired,
-        not superseded memory that has it (merged ones included), if any."""
-
-    @abstractmethod
-    def _nearest(
-        self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
-    ) -> list[SearchResult]:
-        """Current, unexpired memories of ``owner`` by this model, nearest first; score = cosine.
-
-        The ``k`` best by :func:`rank_key`: ties at the cut are decided by it, not by the engine.
-        """
-
-    def _hybrid(
-        self, owner: str, vector: Vectors, query: str, k: int, filters: Filters, now: datetime
-    ) -> tuple[list[SearchResult], list[SearchResult]]:
-        """The vector and the full-text ranking of a hybrid search (backends override to do both at once)."""
-        return self._nearest(owner, vector, k, filters, now), self._text(owner, query, k, filters, now)
-
-    def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
-        """The nearest current memory of ``owner`` to each vector (backends override to batch it)."""
-        return [next(iter(self._nearest(owner, v, 1, Filters(), now)), None) for v in vectors]
-
-    @abstractmethod
-    def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
-        """Current, unexpired memories of ``owner`` ranked by full-text relevance to ``query``.
-
-        The ``k`` best by :func:`rank_key`, as for :meth:`_nearest`.
-        """
-
-    @abstractmethod
-    def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:
-        """One unexpired memory of ``owner``."""
-
-    @abstractmethod
-    def _list(self, owner: str, now: datetime) -> list[Memory]:
-        """Every unexpired memory of ``owner``."""
-
-    @abstractmethod
-    def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
-        """Point ``memory_id`` at the memory that replaces it."""
-
-    @abstractmethod
-    def _erase(self, owner: str, ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
-        """Delete, then physically erase, all of the owner's memories (or ``ids``).
-
-        Returns (removed ids, locations rewritten, what erasure cannot reach).
-        """
-
-    @abstractmethod
-    def _purge(self, now: datetime) -> int:
-        """Erase every memory that expired at or before ``now``."""
-
-    @abstractmethod
-    def _count_stale(self, model: str) -> int:
-        """How many memories were embedded by another model than ``model``."""
-
-    @abstractmethod
-    def _stale(self, model: str, limit: int) -> list[tuple[str, str, str]]:
-        """Up to ``limit`` memories embedded by another model: (owner, id, content)."""
-
-    @abstractmethod
-    def _set_vectors(self, model: str, keys: list[tuple[str, str]], vectors: Vectors) -> None:
-        """Store new vectors of ``model`` for the memories named by (owner, id)."""

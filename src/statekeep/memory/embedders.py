@@ -12,7 +12,7 @@ import inspect
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from statekeep._check import check_int
 from statekeep._extras import requires
-from statekeep.errors import EmbedderError
+from statekeep.errors import EmbedderError, InvalidInputError
 
 Vectors = npt.NDArray[np.float32]
 
@@ -58,9 +58,18 @@ def normalize(vectors: npt.ArrayLike) -> Vectors:
     return out
 
 
-def _load_model(path: str) -> Any:
-    """Load a sentence-transformers model once per process, keyed by its path."""
+def _load_model(path: str, *, texts: int = 0) -> Any:
+    """The model at ``path``, loaded once per process: for up to :data:`FEW` texts (a query, a
+    memory) a plain BERT model runs in numpy (:mod:`._bert`), without importing torch; batches
+    use sentence-transformers when it is installed. Both give the same vectors (to 1e-6)."""
     with _MODELS_LOCK:
+        if path not in _FAST:
+            from statekeep.memory import _bert
+
+            _FAST[path] = _bert.load(path)
+        fast = _FAST[path]
+        if fast is not None and (texts <= FEW or path in _MODELS or not _has_sentence_transformers()):
+            return _MODELS.get(path, fast) if texts > FEW else fast
         if path not in _MODELS:
             with requires("embeddings", "the sentence-transformers embedder"):
                 from sentence_transformers import SentenceTransformer
@@ -71,6 +80,17 @@ def _load_model(path: str) -> Any:
             except (OSError, ValueError) as exc:
                 raise EmbedderError(path, f"cannot load the model: {exc}") from exc
         return _MODELS[path]
+
+
+#: Texts embedded in numpy rather than torch (when the model allows): one query, a few memories.
+FEW = 8
+_FAST: dict[str, Any] = {}
+
+
+def _has_sentence_transformers() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("sentence_transformers") is not None
 
 
 def _default_model_path() -> str:
@@ -119,17 +139,17 @@ class SentenceTransformerEmbedder:
             self._dimension = int(get())
         return self._dimension
 
-    def _model(self) -> Any:
-        return _load_model(self._path or _default_model_path())
+    def _model(self, texts: int = 0) -> Any:
+        return _load_model(self._path or _default_model_path(), texts=texts)
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         """Embed ``texts`` in batches of ``batch_size``; rows are unit length."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        out = self._model().encode(
+        out = self._model(len(texts)).encode(
             list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
         )
-        return np.asarray(out, dtype=np.float32)
+        return normalize(np.asarray(out, dtype=np.float32))  # the numpy encoder leaves this to us
 
     def __repr__(self) -> str:
         return f"SentenceTransformerEmbedder(name={self._name!r})"
@@ -201,3 +221,22 @@ def check_vectors(embedder: Embedder, vectors: Vectors, count: int) -> Vectors:
     if not np.isfinite(arr).all():
         raise EmbedderError(embedder.name, "returned a vector that is not finite")
     return normalize(arr)
+
+
+def check_query_vector(embedder: Embedder, vector: Sequence[float]) -> Vectors:
+    """A caller's query vector as the embedder would give it; :class:`InvalidInputError` if it is not one."""
+    want = f"must be {embedder.dimension} finite numbers, not all zero"
+    if isinstance(vector, str | bytes | Mapping):
+        raise InvalidInputError(want, field="vector")
+    try:
+        with np.errstate(over="ignore"):
+            flat = np.asarray(vector, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise InvalidInputError(want, field="vector") from None
+    if flat.ndim != 1:
+        raise InvalidInputError(want + " (one vector, not a batch)", field="vector")
+    arr = flat.reshape(1, -1)
+    if arr.shape[1] != embedder.dimension or not np.isfinite(arr).all() or not arr.any():
+        raise InvalidInputError(want, field="vector")
+    checked: Vectors = check_vectors(embedder, arr, 1)[0]
+    return checked

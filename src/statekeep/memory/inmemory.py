@@ -13,6 +13,7 @@ import numpy as np
 
 from statekeep.memory import base
 from statekeep.memory._dedupe import identity
+from statekeep.memory._exact import nearest
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Embedder, Vectors
 
@@ -87,16 +88,7 @@ class InMemoryMemoryStore(base.MemoryStore):
         rows = [(m, v) for m, v in self._candidates(owner, filters, now) if m.model == model]
         if not rows:
             return []
-        # row by row, not a matrix product: BLAS may sum a row differently by its position, and two
-        # memories with the same vector must score exactly alike (their tie is broken by rank_key)
-        sims = (np.stack([v for _, v in rows]) * vector).sum(axis=1, dtype=np.float64)
-        if len(rows) > k:  # the k best and every row tied with the k-th; rank_key orders them
-            cut = np.partition(sims, len(sims) - k)[len(sims) - k]
-            keep = np.flatnonzero(sims >= cut)
-        else:
-            keep = np.arange(len(rows))
-        hits = [SearchResult(rows[i][0], float(sims[i])) for i in keep]
-        return sorted(hits, key=base.rank_key)[:k]
+        return nearest([m for m, _ in rows], np.stack([v for _, v in rows]), vector, k)
 
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
         terms = words(query)

@@ -14,7 +14,6 @@ rebuilds the full-text index, and deletes every old version
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -29,6 +28,9 @@ from statekeep._extras import requires
 from statekeep.errors import ConfigError, ErasureError, InvalidInputError
 from statekeep.memory import _lock, base
 from statekeep.memory._dedupe import identity
+from statekeep.memory._exact import nearest
+from statekeep.memory._lance_files import decode_folder as decode_folder  # re-exported: erasure checks
+from statekeep.memory._owner_cache import OwnerCache, OwnerRows, narrows, owner_rows
 from statekeep.memory._rows import COLUMNS, from_row, to_row, to_us
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Embedder, Vectors
@@ -137,6 +139,10 @@ class LanceDBMemoryStore(base.MemoryStore):
         embedder: defaults to all-MiniLM-L6-v2.
         exact_below: searches whose filter leaves at most this many rows are exact.
         nprobes: IVF partitions probed by an approximate search.
+        cache_bytes: a writer keeps the memories and vectors of the owners it searched in
+            process, up to this many bytes (0: none), so a search without narrowing filters
+            is one matrix product; each write drops what it touched. A read-only store
+            keeps nothing (another process writes).
         read_only: open for reading only, without the writer lock (LanceDB readers are
             safe beside one writer), so searches and exports work while a worker writes;
             every read sees the latest committed version. The folder must hold memories.
@@ -152,6 +158,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         exact_below: int = 20_000,
         nprobes: int = 32,
         read_only: bool = False,
+        cache_bytes: int = 256 * 2**20,
         **kw: Any,
     ) -> None:
         super().__init__(embedder, **kw)
@@ -159,6 +166,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             import lancedb
         check_int(exact_below, "exact_below")
         check_int(nprobes, "nprobes", minimum=1, maximum=100_000)
+        check_int(cache_bytes, "cache_bytes")
         if not isinstance(path, str | PathLike) or not str(path).strip() or "\x00" in str(path):
             raise InvalidInputError("must be a folder path (a non-empty string without NUL)", field="path")
         self.path = Path(path)
@@ -194,6 +202,8 @@ class LanceDBMemoryStore(base.MemoryStore):
             self._table = self._open_table()
         # a writer is the only writer (the folder lock), so its in-process caches stay true
         self._owner_rows: dict[str, int] = {}
+        self._cache = OwnerCache(0 if read_only else cache_bytes)
+        self._dim: int | None = None
         self._indexed = self._has_vector_index()
         self._next_seq = 0 if read_only else self._max_seq() + 1
 
@@ -243,7 +253,9 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     @property
     def _dimension(self) -> int:
-        return int(self._table.schema.field("vector").type.list_size)
+        if self._dim is None or self.read_only:  # a writer knows when it changes (_resize)
+            self._dim = int(self._table.schema.field("vector").type.list_size)
+        return self._dim
 
     def close(self) -> None:
         """Release the folder lock."""
@@ -262,9 +274,10 @@ class LanceDBMemoryStore(base.MemoryStore):
             self._resize(vectors.shape[1])
         # the folder lock makes this store the only writer: its counter is the table's order
         memories = [replace(m, seq=self._next_seq + i) for i, m in enumerate(memories)]
-        self._table.add(_arrow(memories, vectors, vectors.shape[1]))
-        self._next_seq += len(memories)
         owner = memories[0].owner
+        self._table.add(_arrow(memories, vectors, vectors.shape[1]))
+        self._cache.update(owner, lambda rows: rows.extended(memories, vectors))
+        self._next_seq += len(memories)
         if owner in self._owner_rows:
             self._owner_rows[owner] += len(memories)
         return memories
@@ -281,6 +294,7 @@ class LanceDBMemoryStore(base.MemoryStore):
     def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
         self._writable()
         self._table.update(where=where(owner, id=memory_id), values={"superseded_by": successor})
+        self._cache.update(owner, lambda rows: rows.superseding(memory_id, successor))
 
     def optimize(self, *, min_rows_for_index: int = 10_000) -> None:
         """Compact small files and bring indexes up to date; build the ANN index once big enough.
@@ -310,9 +324,9 @@ class LanceDBMemoryStore(base.MemoryStore):
             self._owner_rows[owner] = int(self._table.count_rows(where(owner)))
         return self._owner_rows[owner]
 
-    def _vector_query(self, vectors: Any, owner: str, clause: str, k: int) -> Any:
+    def _vector_query(self, vectors: Any, owner: str, clause: str, k: int, columns: list[str]) -> Any:
         query = self._table.search(vectors, vector_column_name="vector").distance_type("cosine")
-        query = query.where(clause, prefilter=True).select([*COLUMNS, "_distance"]).limit(k)
+        query = query.where(clause, prefilter=True).select(columns).limit(k)
         if not self._indexed:
             return query
         if self._rows_of(owner) <= self.exact_below:  # a selective filter: exact, never too few
@@ -324,19 +338,47 @@ class LanceDBMemoryStore(base.MemoryStore):
     ) -> list[SearchResult]:
         if self._dimension != vector.shape[0]:
             return []  # no vector of this model can be stored yet
+        held = None if narrows(filters) else self._held(owner)
+        if held is not None:
+            return nearest(
+                held.memories, held.matrix, vector, k, held.current(filters, now, self.embedder.name)
+            )
         clause = where(owner, filters, now, model=self.embedder.name)
 
         def fetch(n: int) -> list[SearchResult]:
-            rows = self._vector_query(vector, owner, clause, n).to_list()
-            return [SearchResult(from_row(r), 1.0 - float(r["_distance"])) for r in rows]
+            # ranked on the vector and filter columns alone; the other columns only for the hits
+            ranked = self._vector_query(vector, owner, clause, n, ["_distance"]).with_row_id(True).to_arrow()
+            ids = ranked.column("_rowid").to_pylist()
+            if not ids:
+                return []
+            rows = self._table.take_row_ids(ids).select(list(COLUMNS)).with_row_id().to_arrow()
+            by_id = dict(
+                zip(rows.column("_rowid").to_pylist(), rows.drop_columns(["_rowid"]).to_pylist(), strict=True)
+            )
+            scores = ranked.column("_distance").to_pylist()
+            return [
+                SearchResult(from_row(by_id[i]), 1.0 - float(d)) for i, d in zip(ids, scores, strict=True)
+            ]
 
         return base.top_k(fetch, k)
+
+    def _held(self, owner: str) -> OwnerRows | None:
+        """The owner's rows from the cache, read into it first when they fit; None when they do not."""
+        held = self._cache.get(owner)
+        if held is not None or not self._cache.fits(self._rows_of(owner), self._dimension):
+            return held
+        generation = self._cache.generation
+        table = self._table.search().where(where(owner)).select([*COLUMNS, "vector"])
+        table = table.limit(max(1, self._rows_of(owner))).to_arrow()
+        held = owner_rows(table, self._dimension)
+        self._cache.put(owner, held, generation)
+        return held
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         if self._dimension != vectors.shape[1]:
             return [None] * len(vectors)
         clause = where(owner, None, now, model=self.embedder.name)
-        rows = self._vector_query(list(vectors), owner, clause, 1).to_list()
+        rows = self._vector_query(list(vectors), owner, clause, 1, [*COLUMNS, "_distance"]).to_list()
         found: list[SearchResult | None] = [None] * len(vectors)
         for r in rows:
             found[int(r.get("query_index", 0))] = SearchResult(from_row(r), 1.0 - float(r["_distance"]))
@@ -373,6 +415,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         self._writable()
         clause = where(owner) if ids is None else f"{where(owner)} AND {_in('id', ids)}"
         removed = [r["id"] for r in self._rows(clause, ["id"])]
+        self._cache.drop(owner)
         if removed:
             self._table.delete(clause)
         self._rewrite(owner)  # always: it also finishes an erasure that stopped after its delete
@@ -408,6 +451,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         clause = f"expires_us IS NOT NULL AND expires_us <= {to_us(now)}"
         count = int(self._table.count_rows(clause))
         if count:
+            self._cache.drop()
             self._table.delete(clause)
             self._rewrite("(expired)")
         return count
@@ -423,6 +467,7 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     def _set_vectors(self, model: str, keys: list[tuple[str, str]], vectors: Vectors) -> None:
         self._writable()
+        self._cache.drop()
         if self._dimension != vectors.shape[1]:
             self._resize(vectors.shape[1])
         by_id = {mid: vectors[i] for i, (_, mid) in enumerate(keys)}
@@ -437,6 +482,8 @@ class LanceDBMemoryStore(base.MemoryStore):
         stale = [Memory(**{**_fields(m), "model": ""}) for m in rows]
         data = _arrow(stale, np.zeros((len(stale), dimension), dtype=np.float32), dimension)
         self._table = self._db.create_table(TABLE, data=data, schema=_schema(dimension), mode="overwrite")
+        self._cache.drop()
+        self._dim = dimension
         self._indexed = False
         _fts_index(self._table)
         self._table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
@@ -450,25 +497,3 @@ def _fts_index(table: Any) -> None:
 
 def _fields(memory: Memory) -> dict[str, Any]:
     return {name: getattr(memory, name) for name in Memory.__dataclass_fields__}
-
-
-def decode_folder(path: str | Path) -> list[tuple[Path, str]]:
-    """Every Lance file under ``path`` decoded to text (deleted rows included), for erasure checks.
-
-    Returns (file, text) pairs; files Lance cannot decode are returned as their raw bytes.
-    """
-    from lance.file import LanceFileReader
-
-    out = []
-    for file in sorted(Path(path).rglob("*")):
-        if not file.is_file():
-            continue
-        if file.stat().st_size == 0:  # holds nothing (the writer lock), and Lance's reader panics on it
-            out.append((file, ""))
-            continue
-        try:
-            table = LanceFileReader(str(file)).read_all().to_table()
-            out.append((file, json.dumps(table.to_pylist(), default=str, ensure_ascii=False)))
-        except Exception:  # not a Lance file (manifest, lock, transaction): check its bytes
-            out.append((file, file.read_bytes().decode("utf-8", "replace")))
-    return out

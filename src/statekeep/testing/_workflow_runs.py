@@ -421,3 +421,25 @@ class RunsAndLeases:
         assert store.get("p").status is RunStatus.PENDING  # woken by the child's completion
         assert engine.resume("p").output == "kid said hello"
         assert [(s.kind, s.value) for s in store.steps("p")] == [("child", "hello")]
+
+    def test_a_cancelled_child_wakes_its_parent_which_sees_the_cancellation(
+        self, store: WorkflowStore
+    ) -> None:
+        """Cancelling a child a parent waits for makes the parent runnable; it fails, naming the child."""
+        registry = Registry()
+
+        @registry.workflow("kid", version=1)
+        def kid(ctx: RunContext) -> Any:
+            return ctx.wait_for_event("go")
+
+        @registry.workflow("parent", version=1)
+        def parent(ctx: RunContext) -> str:
+            return "kid said " + str(ctx.child(kid, "kid-1"))
+
+        engine = Engine(store, registry)
+        assert engine.run(parent, "p").status is RunStatus.WAITING_FOR_CHILD
+        store.cancel("kid-1")
+        assert store.get("p").status is RunStatus.PENDING  # not parked forever
+        failed = engine.resume("p")
+        assert failed.status is RunStatus.FAILED
+        assert "child run 'kid-1' ended cancelled" in (failed.error or "")

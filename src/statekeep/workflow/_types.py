@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -140,6 +141,42 @@ class StepRecord:
     def value(self) -> Any:
         """The decoded JSON output."""
         return json.loads(self.output)
+
+
+class ReplayEntry:
+    """What replay needs of a journal entry, decoded only when asked for.
+
+    Replay compares each entry's name and kind with the step the workflow asks
+    for, moves the state to the version the entry committed, and returns its
+    output: the output is opened (a sealed payload) and parsed only then, and
+    the entry's timestamps, hash and attempt are never read at all.
+
+    Attributes:
+        seq: Its position in the run's journal, from 1.
+        name: The step's (or tool's, wait's, child workflow's) name.
+        kind: What it records (:data:`StepKind`).
+        state_version: The working-state version committed with it, if any.
+    """
+
+    __slots__ = ("_open", "_output", "kind", "name", "seq", "state_version")
+
+    def __init__(
+        self,
+        seq: int,
+        name: str,
+        kind: StepKind,
+        state_version: int | None,
+        output: str,
+        open_: Callable[[str], str] | None = None,
+    ) -> None:
+        self.seq, self.name, self.kind, self.state_version = seq, name, kind, state_version
+        self._output, self._open = output, open_
+
+    @property
+    def value(self) -> Any:
+        """The decoded JSON output (opened first when it is sealed)."""
+        text = self._output if self._open is None else self._open(self._output)
+        return json.loads(text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from statekeep.workflow._types import (
     Approval,
     Checkpoint,
     LedgerEntry,
+    ReplayEntry,
     Run,
     RunPage,
     RunStatus,
@@ -340,6 +341,11 @@ class WorkflowStore(ABC):
     @abstractmethod
     def tool_call(self, run_id: str, seq: int) -> LedgerEntry | None:
         """The ledger entry at a journal position, or None."""
+
+    def replay(self, run_id: str, start: int, size: int) -> list[ReplayEntry]:
+        """What replay needs of entries ``start <= seq < start + size`` (default: from :meth:`journal`)."""
+        entries = self.journal(run_id, start, size)
+        return [ReplayEntry(s.seq, s.name, s.kind, s.state_version, s.output) for s in entries]
 
     def steps(self, run_id: str) -> list[StepRecord]:
         """Every journal entry of a run, in order."""

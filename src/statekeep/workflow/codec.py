@@ -18,7 +18,7 @@ def to_json(value: Any, *, limit: int = MAX_DEPTH) -> str:
 
     Tuples, non-string keys, NaN and arbitrary objects are refused, so what a
     replay returns is exactly what the first execution returned. So are what the
-    other stores refuse (:func:`statekeep._json.json_problem`): nesting deeper
+    other stores refuse (:func:`statekeep._check.json_problem`): nesting deeper
     than ``limit`` (``MAX_DEPTH``; checked without recursion, before encoding)
     and lone surrogates, which ``json.dumps`` would escape as ASCII and store, and
     every reader that encodes text as UTF-8 would then fail on. An envelope the

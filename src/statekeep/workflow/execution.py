@@ -27,7 +27,7 @@ from statekeep import tracing
 from statekeep.db import aio
 from statekeep.errors import InvalidInputError, NonDeterminismError, StateNotFoundError, StepOutputError
 from statekeep.workflow import codec
-from statekeep.workflow._types import Checkpoint, Run, StepKind, StepRecord
+from statekeep.workflow._types import Checkpoint, ReplayEntry, Run, StepKind, StepRecord
 from statekeep.workflow.base import RunWrite, StagedState, WorkflowStore, now
 from statekeep.workflow.registry import Workflow
 from statekeep.working import WorkingStateStore
@@ -35,8 +35,10 @@ from statekeep.working import WorkingStateStore
 T = TypeVar("T")
 M = TypeVar("M", bound=pydantic.BaseModel)
 
-#: Journal entries read per round trip during replay.
-PAGE = 500
+#: Journal entries read per round trip during replay: a first page this small (a run that
+#: fast-forwards or fails early reads little), each next one twice the last, up to PAGE.
+FIRST_PAGE = 64
+PAGE = 1024
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ class Execution:
         self._latest = run.state_version  # the newest version the run committed
         self._state_at: int | None = None  # the version as of the current position
         self._last_seq = run.last_seq
-        self._page: dict[int, StepRecord] = {}
+        self._page: dict[int, ReplayEntry] = {}
         self._span = range(0)
         self._written: list[StepRecord] = []  # completions of the open transaction, logged at commit
 
@@ -115,7 +117,7 @@ class Execution:
 
     # --- the journal position -------------------------------------------------------------
 
-    def position(self, name: str, kind: StepKind) -> tuple[int, StepRecord | None]:
+    def position(self, name: str, kind: StepKind) -> tuple[int, ReplayEntry | None]:
         """Advance to the next journal position; return it and its record if it already completed.
 
         A completed step brings the replay's state to the version it committed, and
@@ -154,12 +156,13 @@ class Execution:
         self._state_at = self.run.state_version
         return Checkpoint(self.run_id, self.run.last_seq, self.run.state_version, self.run.cursor)
 
-    def _recorded(self, seq: int) -> StepRecord | None:
+    def _recorded(self, seq: int) -> ReplayEntry | None:
         if seq > self._last_seq:
             return None
         if seq not in self._span:  # replay reads a page at a time, never the whole journal
-            self._span = range(seq, seq + PAGE)
-            self._page = {s.seq: s for s in self.store.journal(self.run_id, seq, PAGE)}
+            size = min(PAGE, max(FIRST_PAGE, 2 * len(self._span)))
+            self._span = range(seq, seq + size)
+            self._page = {s.seq: s for s in self.store.replay(self.run_id, seq, size)}
         return self._page.get(seq)
 
     # --- working state and cursor ---------------------------------------------------------

@@ -141,6 +141,9 @@ class InMemoryWorkflowStore(WorkflowStore):
             stored.row.epoch += 1
             for approval in withdrawn(stored.approvals.values()):
                 self._tables.put_approval(approval)
+            parent = self._tables.runs.get(stored.row.parent_id or "")
+            if parent is not None:  # a parent waiting for it learns it ended, as it would of a failure
+                wake(parent.row, [RunStatus.WAITING_FOR_CHILD])
             return run_record(stored.row)
 
     def retry(self, run_id: str) -> Run:

@@ -9,6 +9,7 @@ methods in a thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from functools import partial
@@ -25,6 +26,9 @@ from statekeep.workflow._types import Checkpoint, Run
 from statekeep.workflow.base import now
 from statekeep.workflow.execution import Execution
 from statekeep.workflow.registry import Step, Tool, Workflow
+
+#: A step named by a string, checked once per name (a replay re-walks the same few names thousands of times).
+_step = functools.lru_cache(maxsize=1024)(Step)
 
 #: errors of the infrastructure, not of a step: never retried as a step failure, never fail the run
 _INFRASTRUCTURE = (StorageError, LeaseLostError, ConfigError)
@@ -87,7 +91,7 @@ class RunContext:
             StepOutputError: the output is not JSON; nothing was recorded.
             NonDeterminismError: the journal recorded another step at this position.
         """
-        spec = name if isinstance(name, Step) else Step(name)
+        spec = name if isinstance(name, Step) else _step(name) if isinstance(name, str) else Step(name)
         exe = self.execution
         seq, recorded = exe.position(spec.name, "step")
         if recorded is not None:

@@ -18,29 +18,29 @@ import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from statekeep._check import check_id, check_int
-from statekeep.db import Database
 from statekeep.errors import (
-    ApprovalDecidedError,
-    ApprovalExpiredError,
-    ApprovalNotFoundError,
     InvalidInputError,
     RunConflictError,
     RunFinishedError,
-    RunNotFoundError,
 )
-from statekeep.keys import KeyRing
 from statekeep.workflow import codec
-from statekeep.workflow._types import FINISHED, Approval, LedgerEntry, Run, RunPage, RunStatus, StepRecord
+from statekeep.workflow._types import (
+    LedgerEntry,
+    ReplayEntry,
+    Run,
+    RunPage,
+    RunStatus,
+    StepRecord,
+)
 from statekeep.workflow.base import (
     LIVE,
     MAX_SEQ,
-    WorkflowStore,
     check_run_filters,
     now,
     page_of,
@@ -48,37 +48,42 @@ from statekeep.workflow.base import (
     statuses,
 )
 from statekeep.workflow.rules import (
-    check_approval_filters,
-    check_decision,
-    check_event,
     check_fork_point,
-    check_retention,
-    check_run_ids,
     forked_key,
     last_set,
-    purge_selection,
     same_run,
 )
+from statekeep.workflow.sql_base import get_run, note_event
+from statekeep.workflow.sql_people import SQLPeople
+from statekeep.workflow.sql_retention import SQLRetention
 from statekeep.workflow.sql_tx import (
     SQLRunWrite,
-    approval_record,
     fence,
     finish_values,
     ledger_entry,
     run_record,
     seal,
     step_record,
+    unseal,
     wake,
     withdraw_approvals,
 )
-from statekeep.workflow.tables import approvals, events, runs, setup, steps, tool_calls
+from statekeep.workflow.tables import runs, steps, tool_calls
 from statekeep.working.base import check_run_id
 
 _LIVE = [s.value for s in LIVE]
-_WAITS_ON_PERSON = [RunStatus.WAITING_FOR_APPROVAL, RunStatus.NEEDS_DECISION]
+_REPLAY = (
+    sa.select(steps.c.seq, steps.c.name, steps.c.kind, steps.c.state_version, steps.c.output)
+    .where(
+        steps.c.run_id == sa.bindparam("rid"),
+        steps.c.seq >= sa.bindparam("lo"),
+        steps.c.seq <= sa.bindparam("hi"),
+    )
+    .order_by(steps.c.seq)
+)
 
 
-class SQLWorkflowStore(WorkflowStore):
+class SQLWorkflowStore(SQLPeople, SQLRetention):
     """The workflow store in SQLite or PostgreSQL.
 
     Construct it from a :class:`~statekeep.db.Database` (to share transactions with
@@ -90,23 +95,6 @@ class SQLWorkflowStore(WorkflowStore):
         >>> store.find("nope") is None
         True
     """
-
-    def __init__(self, db: Database | str, *, keys: KeyRing | None = None) -> None:
-        self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_WORKFLOW_URL")
-        self.keys = keys
-        setup(self.db)
-
-    def _prepare(self, owner: str | None) -> None:
-        """Make sure the owner's data key exists before a write transaction (creating it takes its own)."""
-        if self.keys is not None and owner is not None and not self.keys.ready(owner):
-            self.keys.prepare(owner)
-
-    def _owner(self, run_id: str) -> str | None:
-        with self.db.read() as conn:
-            return conn.execute(sa.select(runs.c.owner).where(runs.c.run_id == run_id)).scalar()
-
-    def close(self) -> None:
-        self.db.dispose()
 
     # --- runs -----------------------------------------------------------------------------
 
@@ -120,7 +108,7 @@ class SQLWorkflowStore(WorkflowStore):
             if parent is not None:
                 fence(conn, parent.run_id, parent.epoch)
             conn.execute(self.db.dialect.insert(runs).values(row).on_conflict_do_nothing())
-            stored = _get(conn, run["run_id"], self.keys)
+            stored = get_run(conn, run["run_id"], self.keys)
         return same_run(stored, run)
 
     def find(self, run_id: str) -> Run | None:
@@ -197,7 +185,7 @@ class SQLWorkflowStore(WorkflowStore):
     def cancel(self, run_id: str) -> Run:
         check_run_id(run_id)
         with self.db.begin() as conn:
-            run = _get(conn, run_id, self.keys)
+            run = get_run(conn, run_id, self.keys)
             if run.status.finished:
                 raise RunFinishedError(run_id, run.status, "cancel it")
             conn.execute(
@@ -206,7 +194,9 @@ class SQLWorkflowStore(WorkflowStore):
                 .values({**finish_values(RunStatus.CANCELLED, None, "cancelled"), "epoch": runs.c.epoch + 1})
             )
             withdraw_approvals(conn, run_id)
-            return _get(conn, run_id, self.keys)
+            if run.parent_id is not None:  # a parent waiting for it learns it ended, as it would of a failure
+                wake(conn, run.parent_id, [RunStatus.WAITING_FOR_CHILD])
+            return get_run(conn, run_id, self.keys)
 
     def retry(self, run_id: str) -> Run:
         check_run_id(run_id)
@@ -214,7 +204,7 @@ class SQLWorkflowStore(WorkflowStore):
         owner = self._owner(run_id) if self.keys is not None else None
         self._prepare(owner)
         with self.db.begin() as conn:
-            error = _get(conn, run_id, self.keys).error
+            error = get_run(conn, run_id, self.keys).error
             reopen = (
                 runs.update()
                 .where(runs.c.run_id == run_id, runs.c.status == RunStatus.FAILED.value)
@@ -233,13 +223,13 @@ class SQLWorkflowStore(WorkflowStore):
                 )
             )
             if conn.execute(reopen).rowcount != 1:
-                status = _get(conn, run_id, self.keys).status.value
+                status = get_run(conn, run_id, self.keys).status.value
                 raise InvalidInputError(
                     f"run {run_id!r} is {status}: only a failed run is retried", field="run_id"
                 )
-            run = _get(conn, run_id, self.keys)
+            run = get_run(conn, run_id, self.keys)
             note = {"error": error, "after_seq": run.last_seq}
-            _note(conn, run_id, "statekeep.retried", note, self.keys, owner)
+            note_event(conn, run_id, "statekeep.retried", note, self.keys, owner)
         return run
 
     def fork(self, run_id: str, at_seq: int, run: dict[str, Any]) -> Run:
@@ -250,7 +240,7 @@ class SQLWorkflowStore(WorkflowStore):
         owner = self._owner(run_id)
         self._prepare(owner)
         with self.db.begin() as conn:
-            source = _get(conn, run_id, self.keys)
+            source = get_run(conn, run_id, self.keys)
             check_fork_point(run_id, source.last_seq, at_seq)
             schema = conn.execute(
                 sa.select(runs.c.state_schema, runs.c.state_schema_version).where(runs.c.run_id == run_id)
@@ -278,7 +268,7 @@ class SQLWorkflowStore(WorkflowStore):
             }
             insert = self.db.dialect.insert(runs).values(row).on_conflict_do_nothing()
             if conn.execute(insert.returning(runs.c.run_id)).first() is None:  # the id is taken
-                existing = _get(conn, new_id, self.keys)
+                existing = get_run(conn, new_id, self.keys)
                 if existing.workflow == source.workflow and codec.digest(existing.input) == run["input_hash"]:
                     return existing
                 raise RunConflictError(new_id, "is taken by another run")
@@ -290,8 +280,10 @@ class SQLWorkflowStore(WorkflowStore):
             for call in conn.execute(calls).mappings().all():
                 renamed = forked_key(str(call["key"]), run_id, new_id)
                 conn.execute(tool_calls.insert().values({**call, "run_id": new_id, "key": renamed}))
-            _note(conn, run_id, "statekeep.forked", {"run_id": new_id, "at_seq": at_seq}, self.keys, owner)
-            return _get(conn, new_id, self.keys)
+            note_event(
+                conn, run_id, "statekeep.forked", {"run_id": new_id, "at_seq": at_seq}, self.keys, owner
+            )
+            return get_run(conn, new_id, self.keys)
 
     # --- leases ---------------------------------------------------------------------------
 
@@ -312,7 +304,7 @@ class SQLWorkflowStore(WorkflowStore):
             if parent is not None:
                 fence(conn, parent.run_id, parent.epoch)  # first: it locks the parent row
             taken = conn.execute(take.values(values)).rowcount == 1
-            run = _get(conn, run_id, self.keys)
+            run = get_run(conn, run_id, self.keys)
         return run if taken or run.status.finished else None
 
     def claim(self, owner: str, lease: float, limit: int, workflows: Iterable[tuple[str, int]]) -> list[Run]:
@@ -377,6 +369,13 @@ class SQLWorkflowStore(WorkflowStore):
         with self.db.read() as conn:
             return [step_record(r, self.keys) for r in conn.execute(q).mappings()]
 
+    def replay(self, run_id: str, start: int, size: int) -> list[ReplayEntry]:
+        # five columns as plain tuples: no timestamps converted, no output opened until replay needs it
+        params = {"rid": run_id, "lo": start, "hi": min(start + size - 1, MAX_SEQ)}
+        opener = partial(unseal, self.keys)
+        with self.db.read() as conn:
+            return [ReplayEntry(*row, opener) for row in conn.execute(_REPLAY, params).all()]
+
     def tool_calls(self, run_id: str) -> list[LedgerEntry]:
         check_run_id(run_id)
         q = sa.select(tool_calls).where(tool_calls.c.run_id == run_id).order_by(tool_calls.c.seq)
@@ -390,153 +389,6 @@ class SQLWorkflowStore(WorkflowStore):
         with self.db.read() as conn:
             row = conn.execute(q).mappings().first()
         return None if row is None else ledger_entry(row, self.keys)
-
-    # --- approvals and events -------------------------------------------------------------
-
-    def approvals(
-        self,
-        *,
-        status: str | None = "pending",
-        run_id: str | None = None,
-        kind: str | None = None,
-        action: str | None = None,
-    ) -> list[Approval]:
-        q = sa.select(approvals).order_by(approvals.c.created_at)
-        for column, value in check_approval_filters(status, run_id, kind, action).items():
-            q = q.where(approvals.c[column] == value)
-        with self.db.read() as conn:
-            return [approval_record(r, self.keys) for r in conn.execute(q).mappings()]
-
-    def approval(self, approval_id: str) -> Approval:
-        check_id(approval_id, "approval_id")
-        with self.db.read() as conn:
-            return _approval(conn, approval_id, self.keys)
-
-    def approval_at(self, run_id: str, seq: int, kind: str) -> Approval | None:
-        q = sa.select(approvals).where(
-            approvals.c.run_id == run_id, approvals.c.seq == seq, approvals.c.kind == kind
-        )
-        with self.db.read() as conn:
-            row = conn.execute(q.order_by(approvals.c.created_at.desc())).mappings().first()
-        return None if row is None else approval_record(row, self.keys)
-
-    def decide(
-        self, approval_id: str, *, approve: bool, by: str, comment: str | None = None, result: Any = None
-    ) -> Approval:
-        encoded = check_decision(approval_id, approve, by, comment, result)
-        owner = self._approval_owner(approval_id) if self.keys is not None else None
-        self._prepare(owner)
-        with self.db.begin() as conn:
-            current = _approval(conn, approval_id, self.keys)
-            expired = current.expires_at is not None and current.expires_at <= now()
-            status = "expired" if expired else ("approved" if approve else "rejected")
-            values: dict[str, Any] = {"status": status, "decided_at": now()}
-            if not expired:
-                sealed_comment = None if comment is None else seal(self.keys, owner, comment)
-                values.update(decided_by=by, comment=sealed_comment, result=seal(self.keys, owner, encoded))
-            q = approvals.update().where(
-                approvals.c.approval_id == approval_id, approvals.c.status == "pending"
-            )
-            if conn.execute(q.values(values)).rowcount != 1:
-                if current.status == "expired":  # by an earlier attempt, or a worker's resume
-                    raise ApprovalExpiredError(approval_id, current.action, "expired before a decision")
-                raise ApprovalDecidedError(approval_id, current.status)
-            wake(conn, current.run_id, _WAITS_ON_PERSON)
-            decided = _approval(conn, approval_id, self.keys)
-        if expired:
-            raise ApprovalExpiredError(approval_id, current.action, "expired before a decision")
-        return decided
-
-    def _approval_owner(self, approval_id: str) -> str | None:
-        q = sa.select(runs.c.owner).join(approvals, approvals.c.run_id == runs.c.run_id)
-        with self.db.read() as conn:
-            return conn.execute(q.where(approvals.c.approval_id == approval_id)).scalar()
-
-    def send_event(self, run_id: str, name: str, payload: Any = None) -> None:
-        check_run_id(run_id)
-        text = check_event(name, payload)
-        owner = self._owner(run_id) if self.keys is not None else None
-        self._prepare(owner)
-        text = seal(self.keys, owner, text)
-        with self.db.begin() as conn:
-            # lock the run row first, so a run suspending right now sees the event or is woken
-            row = conn.execute(
-                runs.update().where(runs.c.run_id == run_id).values(updated_at=now()).returning(runs.c.status)
-            ).first()
-            if row is None:
-                raise RunNotFoundError(run_id)
-            if RunStatus(row[0]) in FINISHED:
-                raise RunFinishedError(run_id, row[0], f"receive event {name!r}")
-            conn.execute(events.insert().values(run_id=run_id, name=name, payload=text, created_at=now()))
-            _wake_waiter(conn, run_id, name)
-
-    # --- retention ------------------------------------------------------------------------
-
-    def purgeable(
-        self,
-        *,
-        older_than: timedelta | None = None,
-        keep_last: int | None = None,
-        workflow: str | None = None,
-    ) -> list[str]:
-        check_retention(older_than, keep_last, workflow)
-        finished = [s.value for s in FINISHED]
-        q = sa.select(runs.c.run_id, runs.c.workflow, runs.c.finished_at).where(runs.c.status.in_(finished))
-        if workflow is not None:
-            q = q.where(runs.c.workflow == workflow)
-        with self.db.read() as conn:
-            rows = [(r.run_id, r.workflow, r.finished_at) for r in conn.execute(q)]
-        return purge_selection(rows, older_than, keep_last)
-
-    def delete_runs(self, run_ids: list[str]) -> int:
-        run_ids = check_run_ids(run_ids)
-        finished = [s.value for s in FINISHED]
-        deleted = 0
-        with self.db.begin() as conn:
-            for start in range(0, len(run_ids), 500):
-                q = sa.select(runs.c.run_id).where(
-                    runs.c.run_id.in_(run_ids[start : start + 500]), runs.c.status.in_(finished)
-                )
-                chunk = list(conn.execute(q).scalars())
-                for table in (steps, tool_calls, approvals, events, runs):
-                    conn.execute(table.delete().where(table.c.run_id.in_(chunk)))
-                deleted += len(chunk)
-        return deleted
-
-    # --- erasure --------------------------------------------------------------------------
-
-    def runs_of(self, owner: str) -> list[Run]:
-        check_id(owner, "owner")
-        q = sa.select(runs).where(runs.c.owner == owner).order_by(runs.c.created_at, runs.c.run_id)
-        with self.db.read() as conn:
-            return [run_record(r, self.keys) for r in conn.execute(q).mappings()]
-
-    def delete_owner(self, owner: str) -> dict[str, int]:
-        check_id(owner, "owner")
-        finished = [s.value for s in FINISHED]
-        counts = dict.fromkeys(("runs", "steps", "tool_calls", "approvals", "events"), 0)
-        q = sa.select(runs.c.run_id).where(runs.c.owner == owner, runs.c.status.in_(finished))
-        with self.db.begin(f"erasing the runs of {owner!r}") as conn:
-            ids = list(conn.execute(q).scalars())
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                for name, table in (
-                    ("steps", steps),
-                    ("tool_calls", tool_calls),
-                    ("approvals", approvals),
-                    ("events", events),
-                    ("runs", runs),
-                ):
-                    gone = conn.execute(table.delete().where(table.c.run_id.in_(chunk)))
-                    counts[name] += int(gone.rowcount)
-        return counts
-
-
-def _get(conn: Connection, run_id: str, keys: KeyRing | None) -> Run:
-    row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).mappings().first()
-    if row is None:
-        raise RunNotFoundError(run_id)
-    return run_record(row, keys)
 
 
 def _owned_by(owner: str) -> sa.ColumnElement[bool]:
@@ -552,32 +404,6 @@ def _contains(text: str) -> sa.ColumnElement[bool]:
     ]
     clauses += [runs.c.input.icontains(needle, autoescape=True) for needle in {text, escaped}]
     return sa.or_(*clauses)
-
-
-def _note(
-    conn: Connection, run_id: str, name: str, payload: dict[str, Any], keys: KeyRing | None, owner: str | None
-) -> None:
-    """Record something that happened to a run as an event no wait consumes (``consumed_seq`` 0)."""
-    text = seal(keys, owner, codec.to_json(payload))  # a retry's note holds the error: sealed like it
-    conn.execute(
-        events.insert().values(run_id=run_id, name=name, payload=text, created_at=now(), consumed_seq=0)
-    )
-
-
-def _approval(conn: Connection, approval_id: str, keys: KeyRing | None) -> Approval:
-    row = conn.execute(sa.select(approvals).where(approvals.c.approval_id == approval_id)).mappings().first()
-    if row is None:
-        raise ApprovalNotFoundError(approval_id)
-    return approval_record(row, keys)
-
-
-def _wake_waiter(conn: Connection, run_id: str, name: str) -> None:
-    row = conn.execute(sa.select(runs.c.status, runs.c.waiting).where(runs.c.run_id == run_id)).first()
-    if row is None or row.status != RunStatus.WAITING_FOR_EVENT.value:
-        return
-    waiting = codec.loads(row.waiting or "{}")
-    if waiting.get("event") == name:
-        wake(conn, run_id, [RunStatus.WAITING_FOR_EVENT])
 
 
 def _lease_values(owner: str, lease: float, stamp: datetime) -> dict[str, Any]:

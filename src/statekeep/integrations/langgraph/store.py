@@ -240,7 +240,11 @@ class StatekeepStore(BaseStore):
         tags = [_VEC, *([_prefix_tag(prefix)] if prefix else [])]
         best: dict[tuple[tuple[str, ...], str], float] = {}
         for owner in owners:
-            for hit in self.memory.search(owner, query, k=SEARCH_POOL, tags=tags, vector=vector.tolist()):
+            # cosine scores, comparable across owners and with LangGraph's own stores
+            hits = self.memory.search(
+                owner, query, k=SEARCH_POOL, tags=tags, vector=vector.tolist(), mode="vector"
+            )
+            for hit in hits:
                 meta = hit.memory.metadata["langgraph"]
                 where = (tuple(meta["namespace"]), str(meta["key"]))
                 best[where] = max(best.get(where, -2.0), float(hit.score))

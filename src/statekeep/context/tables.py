@@ -1,0 +1,87 @@
+"""The context store's tables and their migrations (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from statekeep.db import Database, Migration, upgrade
+from statekeep.db.migrations import create_tables
+from statekeep.db.types import UTCDateTime
+
+SCHEMA = "statekeep_context"
+metadata = sa.MetaData(schema=SCHEMA)
+
+sessions = sa.Table(
+    "context_sessions",
+    metadata,
+    sa.Column("session_id", sa.String(255), primary_key=True),
+    sa.Column("last_seq", sa.BigInteger, nullable=False),
+    sa.Column("summary_seq", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("pruned_to", sa.BigInteger, nullable=False, server_default="0"),
+    # NULL: created without an owner (or before owners were recorded) and not claimed since
+    sa.Column("owner", sa.String(255), nullable=True),
+)
+sa.Index("context_sessions_owner", sessions.c.owner)
+
+events = sa.Table(
+    "context_events",
+    metadata,
+    sa.Column("session_id", sa.String(255), primary_key=True),
+    sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("tokens", sa.Integer, nullable=False),
+    sa.Column("counter", sa.String(64), nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("key", sa.String(255), nullable=True),
+)
+
+# Partial, so the tail query never mistakes it for a path to a session's events.
+sa.Index(
+    "context_events_key",
+    events.c.session_id,
+    events.c.key,
+    unique=True,
+    postgresql_where=events.c.key.isnot(None),
+    sqlite_where=events.c.key.isnot(None),
+)
+
+
+def _add_session_owner(conn: Connection) -> None:
+    # Version 1 had no owner column. Tables created since (by migration 1, from the
+    # current metadata) already have it, hence the check. Existing sessions stay
+    # unowned (NULL): the context store does not know runs, so the first write with
+    # an owner, or claim(), records one (the runtime claims a session it finds
+    # unowned for the owner of the session's first run, see Runtime.claim_session).
+    schema = conn.get_execution_options().get("schema_translate_map", {}).get(SCHEMA, SCHEMA)
+    columns = {c["name"] for c in sa.inspect(conn).get_columns(sessions.name, schema=schema)}
+    if "owner" not in columns:
+        quote = conn.dialect.identifier_preparer.quote
+        table = f"{quote(schema)}.{quote(sessions.name)}" if schema else quote(sessions.name)
+        kind = sessions.c.owner.type.compile(dialect=conn.dialect)
+        conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN owner {kind}"))
+    for index in sessions.indexes:
+        index.create(conn, checkfirst=True)
+
+
+def _no_statistics(conn: Connection) -> None:
+    # PostgreSQL's ANALYZE would copy sampled payloads (and owner ids) into pg_statistic,
+    # which erasure does not rewrite; the planner needs neither.
+    if conn.dialect.name == "postgresql":
+        for table, column in (("context_events", "payload"), ("context_sessions", "owner")):
+            conn.exec_driver_sql(f"ALTER TABLE {SCHEMA}.{table} ALTER COLUMN {column} SET STATISTICS 0")
+
+
+MIGRATIONS = [
+    Migration(
+        1, "context_sessions, context_events", create_tables(metadata, "context_sessions", "context_events")
+    ),
+    Migration(2, "context_sessions.owner: a session belongs to one owner", _add_session_owner),
+    Migration(3, "no statistics on payloads and owners (PostgreSQL)", _no_statistics),
+]
+
+
+def setup(db: Database) -> None:
+    """Create or upgrade the context tables (idempotent)."""
+    upgrade(db, "context", SCHEMA, MIGRATIONS)

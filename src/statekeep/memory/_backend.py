@@ -1,0 +1,91 @@
+"""The primitives a memory backend implements (the contract under :class:`MemoryStore`).
+
+Every primitive takes the owner and must never touch another owner's rows.
+Validation, embedding, deduplication, fusion, export and re-embedding are
+written once, in :mod:`statekeep.memory.base`, over these.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from datetime import datetime
+
+from statekeep.memory._types import Filters, Memory, SearchResult
+from statekeep.memory.embedders import Vectors
+
+
+class MemoryBackend(ABC):
+    """What a backend provides: storage and the two rankings (vector, full text) of one owner."""
+
+    @abstractmethod
+    def _insert(self, memories: list[Memory], vectors: Vectors) -> list[Memory]:
+        """Store memories (all of one owner) with their vectors, atomically; return them as stored.
+
+        The store gives each its ``seq``, increasing in the order of ``memories``.
+        """
+
+    @abstractmethod
+    def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
+        """For each identity (:func:`_dedupe.identity`) the owner's oldest unexpired,
+        not superseded memory that has it (merged ones included), if any."""
+
+    @abstractmethod
+    def _nearest(
+        self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
+    ) -> list[SearchResult]:
+        """Current, unexpired memories of ``owner`` by this model, nearest first; score = cosine.
+
+        The ``k`` best by :func:`rank_key`: ties at the cut are decided by it, not by the engine.
+        """
+
+    def _hybrid(
+        self, owner: str, vector: Vectors, query: str, k: int, filters: Filters, now: datetime
+    ) -> tuple[list[SearchResult], list[SearchResult]]:
+        """The vector and the full-text ranking of a hybrid search (backends override to do both at once)."""
+        return self._nearest(owner, vector, k, filters, now), self._text(owner, query, k, filters, now)
+
+    def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
+        """The nearest current memory of ``owner`` to each vector (backends override to batch it)."""
+        return [next(iter(self._nearest(owner, v, 1, Filters(), now)), None) for v in vectors]
+
+    @abstractmethod
+    def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
+        """Current, unexpired memories of ``owner`` ranked by full-text relevance to ``query``.
+
+        The ``k`` best by :func:`rank_key`, as for :meth:`_nearest`.
+        """
+
+    @abstractmethod
+    def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:
+        """One unexpired memory of ``owner``."""
+
+    @abstractmethod
+    def _list(self, owner: str, now: datetime) -> list[Memory]:
+        """Every unexpired memory of ``owner``."""
+
+    @abstractmethod
+    def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
+        """Point ``memory_id`` at the memory that replaces it."""
+
+    @abstractmethod
+    def _erase(self, owner: str, ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
+        """Delete, then physically erase, all of the owner's memories (or ``ids``).
+
+        Returns (removed ids, locations rewritten, what erasure cannot reach).
+        """
+
+    @abstractmethod
+    def _purge(self, now: datetime) -> int:
+        """Erase every memory that expired at or before ``now``."""
+
+    @abstractmethod
+    def _count_stale(self, model: str) -> int:
+        """How many memories were embedded by another model than ``model``."""
+
+    @abstractmethod
+    def _stale(self, model: str, limit: int) -> list[tuple[str, str, str]]:
+        """Up to ``limit`` memories embedded by another model: (owner, id, content)."""
+
+    @abstractmethod
+    def _set_vectors(self, model: str, keys: list[tuple[str, str]], vectors: Vectors) -> None:
+        """Store new vectors of ``model`` for the memories named by (owner, id)."""

@@ -1,0 +1,161 @@
+"""An owner's memories and vectors held in process, for the one writer of a LanceDB folder.
+
+The folder lock makes a writing :class:`~statekeep.memory.LanceDBMemoryStore`
+the only writer, so what it read stays true until it writes: its writes of one
+owner's memories (new ones, superseded ones) are applied to that owner's held
+rows; other writes (erasure, expiry, re-embedding) let the owners go. A search with no narrowing filter
+then ranks the owner's rows with one matrix product instead of a scan of the
+table. The cache holds at most ``budget`` bytes, least recently searched owners
+leaving first; an owner bigger than that is never held and is searched in LanceDB.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from statekeep.memory._rows import from_row, to_us
+from statekeep.memory._types import Filters, Memory
+from statekeep.memory.embedders import Vectors
+
+#: Microseconds stored for "never expires" in the cached expiry column.
+NEVER = np.iinfo(np.int64).max
+#: A rough size of one memory held as a Python object, besides its vector.
+ROW_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class OwnerRows:
+    """Every stored memory of one owner (current or not), its vectors, and the columns that filter them."""
+
+    memories: list[Memory]
+    matrix: Vectors  # float32, one unit vector per memory
+    superseded: npt.NDArray[np.bool_]
+    merged: npt.NDArray[np.bool_]
+    expires_us: npt.NDArray[np.int64]  # NEVER when it does not expire
+    models: npt.NDArray[np.str_]
+
+    @property
+    def nbytes(self) -> int:
+        """About how much memory this takes."""
+        return int(self.matrix.nbytes) + ROW_BYTES * len(self.memories)
+
+    def current(self, filters: Filters, now: datetime, model: str) -> npt.NDArray[np.bool_]:
+        """The mask of rows a search may return: current, unexpired, by ``model`` (merged ones if asked)."""
+        mask: npt.NDArray[np.bool_] = (
+            ~self.superseded & (self.expires_us > (to_us(now) or 0)) & (self.models == model)
+        )
+        return mask if filters.include_merged else mask & ~self.merged
+
+    def extended(self, memories: list[Memory], vectors: Vectors) -> OwnerRows:
+        """These rows and ``memories`` just written (their vectors in ``vectors``)."""
+        return held_rows(self.memories + memories, np.concatenate([self.matrix, vectors]))
+
+    def superseding(self, memory_id: str, successor: str) -> OwnerRows:
+        """These rows with ``memory_id`` pointing at ``successor``."""
+        memories = [replace(m, superseded_by=successor) if m.id == memory_id else m for m in self.memories]
+        return replace(
+            self, memories=memories, superseded=self.superseded | [m.id == memory_id for m in memories]
+        )
+
+
+def narrows(filters: Filters) -> bool:
+    """True when ``filters`` asks for more than current memories (kinds, tags, times, sources, trust)."""
+    return bool(
+        filters.kinds
+        or filters.tags
+        or filters.sources
+        or filters.since is not None
+        or filters.until is not None
+        or filters.min_trust is not None
+    )
+
+
+class OwnerCache:
+    """Owners' rows, least recently used first out, within ``budget`` bytes (0 holds nothing)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._held: OrderedDict[str, OwnerRows] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+        #: Bumped by every drop: rows read before a drop are never put after it.
+        self.generation = 0
+
+    def get(self, owner: str) -> OwnerRows | None:
+        """The owner's rows if held (and now the most recently used)."""
+        with self._lock:
+            rows = self._held.get(owner)
+            if rows is not None:
+                self._held.move_to_end(owner)
+            return rows
+
+    def fits(self, rows: int, dimension: int) -> bool:
+        """Whether an owner of ``rows`` memories could be held at all."""
+        return rows * (4 * dimension + ROW_BYTES) <= self.budget
+
+    def put(self, owner: str, rows: OwnerRows, generation: int) -> None:
+        """Hold ``rows`` read at ``generation``, unless a write dropped owners since; within the budget."""
+        with self._lock:
+            self._forget(owner)
+            if generation != self.generation or rows.nbytes > self.budget:
+                return
+            self._held[owner] = rows
+            self._size += rows.nbytes
+            while self._size > self.budget:
+                self._forget(next(iter(self._held)))
+
+    def update(self, owner: str, change: Callable[[OwnerRows], OwnerRows]) -> None:
+        """Apply a write of the owner's to their held rows, if held (a read under way is not put)."""
+        with self._lock:
+            self.generation += 1
+            rows = self._held.get(owner)
+            if rows is not None:
+                self._forget(owner)
+                changed = change(rows)
+                if changed.nbytes <= self.budget:
+                    self._held[owner] = changed
+                    self._size += changed.nbytes
+
+    def drop(self, owner: str | None = None) -> None:
+        """Let one owner go (after a write of theirs), or every owner (``None``: after a rewrite)."""
+        with self._lock:
+            self.generation += 1
+            if owner is None:
+                self._held.clear()
+                self._size = 0
+            else:
+                self._forget(owner)
+
+    def _forget(self, owner: str) -> None:
+        gone = self._held.pop(owner, None)
+        if gone is not None:
+            self._size -= gone.nbytes
+
+
+def owner_rows(table: Any, dimension: int) -> OwnerRows:
+    """An owner's rows read from LanceDB (every column and the vector) as the cache holds them."""
+    memories = [from_row(r) for r in table.drop_columns(["vector"]).to_pylist()]
+    flat = table.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    return held_rows(memories, np.asarray(flat, dtype=np.float32).reshape(-1, dimension))
+
+
+def held_rows(memories: list[Memory], matrix: Vectors) -> OwnerRows:
+    """Memories and their vectors, with the columns a search filters on."""
+    return OwnerRows(
+        memories=memories,
+        matrix=np.ascontiguousarray(matrix, dtype=np.float32),
+        superseded=np.array([m.superseded_by is not None for m in memories], dtype=bool),
+        merged=np.array([m.duplicate_of is not None for m in memories], dtype=bool),
+        expires_us=np.array(
+            [NEVER if m.expires_at is None else to_us(m.expires_at) for m in memories], dtype=np.int64
+        ),
+        models=np.array([m.model for m in memories], dtype=str),
+    )
