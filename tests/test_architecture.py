@@ -136,3 +136,26 @@ def test_each_error_has_one_kind() -> None:
         and sum(issubclass(b, errors.StatekeepError) for b in cls.__bases__) > 1
     ]
     assert mixed == []
+
+
+def test_the_documented_error_tree_is_the_real_one() -> None:
+    """The tree in the error reference names every error class once, under its real base."""
+    import re
+
+    import statekeep.errors as errors
+
+    page = (SRC.parents[1] / "docs" / "reference" / "config.md").read_text()
+    block = page.split("```text\n", 1)[1].split("```", 1)[0]
+    drawn: dict[str, str | None] = {}
+    parents: list[str] = []
+    for line in block.splitlines():
+        name = re.sub(r"^[│├└─\s]+", "", line)
+        depth = (len(line) - len(name)) // 4
+        parents[depth:] = [name]
+        drawn[name] = parents[depth - 1] if depth else None
+    real = {
+        name: next((b.__name__ for b in cls.__bases__ if issubclass(b, errors.StatekeepError)), None)
+        for name, cls in vars(errors).items()
+        if isinstance(cls, type) and issubclass(cls, errors.StatekeepError)
+    }
+    assert drawn == real

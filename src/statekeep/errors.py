@@ -4,54 +4,8 @@ Every error statekeep raises on purpose derives from :class:`StatekeepError`, so
 ``except StatekeepError`` catches them all. Each class says what kind of problem
 it is (bad input, not found, a lost race, a failed step), whatever store raised
 it; errors carry the fields that explain them (``setting``, ``run_id``,
-``owner``, ...) and build their own message::
-
-    StatekeepError
-    ├── ConfigError
-    │   └── MemoryLockedError
-    ├── MissingDependencyError
-    │   └── MissingExtraError
-    ├── InvalidInputError
-    │   ├── StateValidationError
-    │   ├── StepOutputError
-    │   └── ContextBudgetError
-    ├── NotFoundError
-    │   ├── RunNotFoundError
-    │   ├── StateNotFoundError
-    │   ├── ApprovalNotFoundError
-    │   ├── UnknownWorkflowError
-    │   ├── SummaryNotFoundError
-    │   ├── MemoryNotFoundError
-    │   └── EventsPrunedError
-    ├── ConflictError
-    │   ├── VersionConflictError
-    │   ├── RunConflictError
-    │   ├── RunFinishedError
-    │   ├── LeaseLostError
-    │   ├── ApprovalDecidedError
-    │   ├── SummaryConflictError
-    │   ├── EventKeyConflictError
-    │   ├── SessionOwnerError
-    │   └── LiveRunsError
-    ├── ApprovalError
-    │   ├── ApprovalRejectedError
-    │   ├── ApprovalExpiredError
-    │   └── ApprovalMismatchError
-    ├── ReplayError
-    │   ├── NonDeterminismError
-    │   └── WorkflowVersionError
-    ├── ExecutionError
-    │   ├── StepFailedError
-    │   ├── ChildRunFailedError
-    │   ├── ModelError
-    │   ├── EmbedderError
-    │   ├── SummaryError
-    │   └── AgentError
-    ├── SchemaVersionError
-    │   └── MigrationError
-    ├── StorageError
-    │   └── ErasureError
-    └── SealedDataError
+``owner``, ...) and build their own message. The whole tree is drawn in the
+error reference of the documentation.
 
 ``Suspended`` is the one exception outside the tree: it derives from
 ``BaseException`` so that user code's ``except Exception`` cannot swallow the
