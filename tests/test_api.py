@@ -46,18 +46,6 @@ def test_import_is_light() -> None:
     assert out.stdout.strip() == ""
 
 
-def test_the_error_tree_in_the_docstring_names_every_error() -> None:
-    """errors.py draws its tree; every StatekeepError class appears in the drawing exactly once."""
-    classes = [
-        c
-        for _, c in inspect.getmembers(errors, inspect.isclass)
-        if c.__module__ == errors.__name__ and issubclass(c, errors.StatekeepError)
-    ]
-    drawn = errors.__doc__ or ""
-    for cls in classes:
-        assert drawn.count(f" {cls.__name__}\n") + drawn.count(f" {cls.__name__} (") == 1, cls.__name__
-
-
 def test_all_lists_every_public_name_of_the_package() -> None:
     """Every public (non-module) name of statekeep/__init__.py, bound or lazy, is in __all__."""
     import types
