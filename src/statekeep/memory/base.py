@@ -21,14 +21,12 @@ import numpy as np
 from statekeep import _check, tracing
 from statekeep.errors import ConflictError, InvalidInputError, MemoryNotFoundError
 from statekeep.memory import _dedupe, _types
-from statekeep.memory._backend import MemoryBackend
 from statekeep.memory._dedupe import DEFAULT_DUPLICATE_THRESHOLD, UNSET, merged, policy
 from statekeep.memory._ranking import RRF_K, Fusion, fuse, fuse_scores, rank_key, top_k
 from statekeep.memory._types import (
     SEARCH_MODES,
     Dedupe,
     DedupeMode,
-    ForgetReceipt,
     Memory,
     MemoryInput,
     MemoryKind,
@@ -37,6 +35,7 @@ from statekeep.memory._types import (
     SearchResult,
     SourceKind,
 )
+from statekeep.memory._upkeep import Upkeep
 from statekeep.memory.embedders import (
     Embedder,
     SentenceTransformerEmbedder,
@@ -57,15 +56,13 @@ __all__ = [  # the names other modules and older code import from here
     "top_k",
 ]
 
-Progress = Callable[[int, int], None]
-
 
 def new_id() -> str:
     """A fresh memory id."""
     return uuid.uuid4().hex
 
 
-class MemoryStore(MemoryBackend):
+class MemoryStore(Upkeep):
     """Long-term memories of owners, searchable by meaning, provably erasable.
 
     Every call names its owner, and no call reads, changes or deletes another
@@ -431,98 +428,6 @@ class MemoryStore(MemoryBackend):
             "memories": [m.as_dict() for m in memories],
         }
         return json.dumps(doc, ensure_ascii=False, indent=2)
-
-    # --- erasing -------------------------------------------------------------------------
-
-    def forget(self, owner: str) -> ForgetReceipt:
-        """Erase every memory of ``owner`` from every file of the store and return a receipt.
-
-        Examples:
-            >>> from statekeep.memory import FakeEmbedder, InMemoryMemoryStore
-            >>> store = InMemoryMemoryStore(FakeEmbedder())
-            >>> _ = store.remember_many("alice", ["Alice drinks tea", "Alice has a dog"])
-            >>> receipt = store.forget("alice")
-            >>> receipt.removed, store.list_memories("alice")
-            (2, [])
-
-        Raises:
-            ErasureError: rows were deleted but a file could not be rewritten; call again.
-        """
-        return self._receipt(_check.check_id(owner, "owner"), None)
-
-    def forget_one(self, owner: str, memory_id: str) -> ForgetReceipt:
-        """Erase one memory of ``owner`` (physically, like :meth:`forget`).
-
-        Raises:
-            MemoryNotFoundError: the owner has no such memory.
-        """
-        memory = self.get(owner, memory_id)
-        return self._receipt(memory.owner, [memory.id])
-
-    def forget_many(self, owner: str, memory_ids: Iterable[str]) -> ForgetReceipt:
-        """Erase these memories of ``owner`` (physically, like :meth:`forget`); ids they lack are skipped.
-
-        Raises:
-            InvalidInputError: an invalid owner or id; nothing was erased.
-        """
-        if isinstance(memory_ids, str):
-            raise InvalidInputError("must be a list of memory ids", field="memory_ids")
-        ids = sorted({_check.check_id(i, "memory_ids") for i in memory_ids})
-        return self._receipt(_check.check_id(owner, "owner"), ids)
-
-    def _receipt(self, owner: str, ids: list[str] | None) -> ForgetReceipt:
-        # an empty list names no memory (None names them all)
-        removed, locations, not_reached = self._erase(owner, ids) if ids != [] else ([], [], [])
-        return ForgetReceipt(
-            owner=owner,
-            removed=len(removed),
-            memory_ids=tuple(sorted(removed)),
-            backend=self.backend,
-            locations=tuple(locations),
-            not_reached=tuple(not_reached),
-            finished_at=self.now(),
-        )
-
-    def purge_expired(self) -> int:
-        """Erase every expired memory of every owner; return how many were removed.
-
-        Raises:
-            ConfigError: on pgvector, the role is one that row-level security confines
-                to a single owner; run it as the tables' owner.
-        """
-        return self._purge(self.now())
-
-    # --- re-embedding --------------------------------------------------------------------
-
-    def reembed(self, *, batch_size: int = 256, progress: Progress | None = None) -> int:
-        """Re-embed, in batches, every memory stored by another model than this store's embedder.
-
-        ``progress(done, total)`` is called after each batch. Until a memory is
-        re-embedded, vector search does not see it (two models' vectors are
-        never compared).
-
-        Returns:
-            How many memories were re-embedded.
-
-        Raises:
-            ConfigError: on pgvector, the role is one that row-level security confines
-                to a single owner; run it as the tables' owner.
-        """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidInputError("must be an int >= 1", field="batch_size")
-        model = self.embedder.name
-        total = self._count_stale(model)
-        done = 0
-        while done < total:
-            rows = self._stale(model, batch_size)
-            if not rows:
-                break
-            vectors = self._embed([content for _, _, content in rows])
-            self._set_vectors(model, [(owner, mid) for owner, mid, _ in rows], vectors)
-            done += len(rows)
-            if progress is not None:
-                progress(done, total)
-        return done
 
     def close(self) -> None:
         """Release what the store holds (connections, locks)."""
