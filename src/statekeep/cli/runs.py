@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from statekeep.audit import Action
     from statekeep.workflow import Approval, Run
 from statekeep.cli._common import (
     DatabaseURL,
@@ -241,7 +242,6 @@ def approvals_approve(
 ) -> None:
     """Approve: the gated action may run, with exactly the arguments shown."""
     a = _decide(approval_id, True, by, comment, database_url, home)
-    record_audit(database_url, home, "approve", a.approval_id, {"run": a.run_id, "by": by})
     console.print(
         literal(f"approval {a.approval_id}: {a.status} by {a.decided_by}; run {a.run_id} can resume")
     )
@@ -257,16 +257,18 @@ def approvals_reject(
 ) -> None:
     """Reject: the gated action will not run."""
     a = _decide(approval_id, False, by, comment, database_url, home)
-    record_audit(database_url, home, "reject", a.approval_id, {"run": a.run_id, "by": by})
     console.print(literal(f"approval {a.approval_id}: {a.status} by {a.decided_by}"))
 
 
 def _decide(
     approval_id: str, approve: bool, by: str, comment: str | None, database_url: str | None, home: str | None
 ) -> Approval:
+    """Record a decision, trace it, and put it in the audit log."""
     from statekeep import tracing
 
     store = open_workflow(database_url, home)
     decided = store.decide(approval_id, approve=approve, by=by, comment=comment)
     tracing.approval_decided(decided, store.find(decided.run_id), via="cli")
+    action: Action = "approve" if approve else "reject"
+    record_audit(database_url, home, action, decided.approval_id, {"run": decided.run_id, "by": by})
     return decided
