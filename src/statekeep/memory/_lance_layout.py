@@ -1,0 +1,186 @@
+"""The LanceDB table's layout, which makes erasure proportional to the owner, not the table.
+
+``optimize`` writes the rows grouped by owner into data files of at most
+:data:`FRAGMENT_ROWS` rows (whole owners packed together; an owner bigger than
+that gets files of its own), and builds the text and owner indexes in segments
+of :data:`SEGMENT_FILES` consecutive files (a text search pays a little for each
+segment it opens). Erasing then deletes the rows and rewrites only the data
+files that have deleted rows, one at a time: Lance remaps just the index
+segments that cover those files (dropping the erased rows and their tokens). A
+file whose rows were all deleted is gone without a rewrite, but the segments
+that covered it still hold its rows: those segments are rebuilt over the files
+they still cover. Every other file, data or index, is left untouched.
+
+There is no vector (ANN) index: remapping one costs about as much as the rest
+of an erasure for each file it covers, and an ANN index segment per file was
+slower to search than an exact scan of the owner's rows, which this layout
+keeps together (the writer's owner cache is faster still).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The most rows a data file holds after ``optimize``.
+FRAGMENT_ROWS = 512
+#: The most data files a text or owner index segment covers.
+SEGMENT_FILES = 8
+TEXT, OWNER = "content_idx", "owner_idx"
+#: Each index ``optimize`` builds: its column and Lance index type.
+INDEXES = {TEXT: ("content", "INVERTED"), OWNER: ("owner", "BTREE")}
+
+
+def packed(owners: list[str], size: int = FRAGMENT_ROWS) -> list[tuple[int, int]]:
+    """(start, stop) of each data file over rows sorted by owner: whole owners packed up to ``size`` rows.
+
+    An owner that does not fit beside the rows already in a file starts the next
+    one; an owner bigger than ``size`` fills files of its own (its last rows may
+    share a file with the owners after it).
+
+    Examples:
+        >>> packed(["a", "a", "b", "c", "c", "c"], size=3)
+        [(0, 3), (3, 6)]
+        >>> packed(["a"] * 7 + ["b"], size=3)
+        [(0, 3), (3, 6), (6, 8)]
+    """
+    chunks, start, i = [], 0, 0
+    while i < len(owners):
+        j = i
+        while j < len(owners) and owners[j] == owners[i]:
+            j += 1
+        if j - start > size and i > start:  # the owner does not fit beside what the file holds
+            chunks.append((start, i))
+            start = i
+        while j - start > size:  # a big owner: full files of its own
+            chunks.append((start, start + size))
+            start += size
+        i = j
+    if start < len(owners):
+        chunks.append((start, len(owners)))
+    return chunks
+
+
+def laid_out(dataset: Any) -> bool:
+    """Whether every data file is one ``optimize`` wrote, covered by a text index segment of its own group."""
+    covered: set[int] = set()
+    for index in dataset.describe_indices():
+        if index.name not in (TEXT, OWNER):  # a vector index of an older statekeep
+            return False
+        if index.name == TEXT:
+            for segment in index.segments:
+                ids = list(segment.fragment_ids)
+                if len(ids) > SEGMENT_FILES:  # one index of a whole table (an older statekeep)
+                    return False
+                covered.update(ids)
+    return all(
+        f.metadata.deletion_file is None and f.fragment_id in covered and f.count_rows() <= FRAGMENT_ROWS
+        for f in dataset.get_fragments()
+    )
+
+
+def lay_out(dataset: Any) -> Any:
+    """Rewrite the table grouped by owner (then write order) into bounded data files; return the new version.
+
+    Indexes are not carried over: build them with :func:`index_segments`.
+    """
+    import lance
+    from lance.fragment import write_fragments
+
+    data = dataset.to_table().sort_by([("owner", "ascending"), ("seq", "ascending")])
+    fragments = []
+    for start, stop in packed(data.column("owner").to_pylist()):
+        fragments.extend(
+            write_fragments(
+                data.slice(start, stop - start),
+                dataset,
+                schema=data.schema,
+                max_rows_per_file=FRAGMENT_ROWS,
+                data_storage_version=dataset.data_storage_version,
+            )
+        )
+    operation = lance.LanceOperation.Overwrite(data.schema, fragments)
+    return lance.LanceDataset.commit(dataset, operation, read_version=dataset.version)
+
+
+def index_segments(dataset: Any) -> Any:
+    """Build the text and owner indexes in segments of a few data files; return the new version.
+
+    An index already present is rebuilt.
+    """
+    files = [f.fragment_id for f in dataset.get_fragments()]
+    groups = [files[i : i + SEGMENT_FILES] for i in range(0, len(files), SEGMENT_FILES)]
+    for name, (column, _) in INDEXES.items():
+        if groups:
+            segments = [_segment(dataset, name, group) for group in groups]
+            dataset = dataset.commit_existing_index_segments(name, column, segments)
+    return dataset
+
+
+def _segment(dataset: Any, name: str, fragment_ids: list[int]) -> Any:
+    """One uncommitted segment of index ``name`` over these data files."""
+    column, kind = INDEXES[name]
+    return dataset.create_index_uncommitted(column, kind, name=name, replace=True, fragment_ids=fragment_ids)
+
+
+def erase(dataset: Any) -> None:
+    """Leave no deleted row in any data or index file of the current version (old versions are not touched).
+
+    Rewrites each data file with deleted rows (:func:`rewrite_deleted`), then
+    rebuilds each index segment that still covers a file deleted whole
+    (:func:`rebuild_stale`).
+    """
+    rewrite_deleted(dataset)
+    rebuild_stale(dataset)
+
+
+def rewrite_deleted(dataset: Any) -> int:
+    """Rewrite, one at a time, every data file with deleted rows; return how many were rewritten.
+
+    Each compaction excludes every other file, so it merges nothing and Lance
+    remaps only the index segments of the rewritten file (a file whose rows are
+    all deleted is already gone, with its segments, since the delete).
+    """
+    pending = [f.fragment_id for f in dataset.get_fragments() if f.metadata.deletion_file is not None]
+    for fragment in pending:
+        others = [f.fragment_id for f in dataset.get_fragments() if f.fragment_id != fragment]
+        dataset.optimize.compact_files(materialize_deletions_threshold=0.0, excluded_fragment_ids=others)
+        dataset.checkout_latest()
+    return len(pending)
+
+
+def rebuild_stale(dataset: Any) -> int:
+    """Rebuild every index segment that covers a data file no longer in the table; return how many.
+
+    Lance drops a data file whose rows are all deleted without rewriting the
+    index segments that cover it, which still hold those rows (their tokens, their
+    owner). Each such segment is replaced by one built over the files it still
+    covers (or just removed when it covers none), in one commit.
+    """
+    from lance import LanceDataset, LanceOperation
+    from lance.dataset import Index
+
+    live = {f.fragment_id for f in dataset.get_fragments()}
+    built, removed = [], []
+    for index in dataset.describe_indices():
+        for segment in index.segments if index.name in INDEXES else []:
+            covered = set(segment.fragment_ids)
+            if covered <= live:
+                continue
+            removed.append(
+                Index(
+                    uuid=segment.uuid,
+                    name=index.name,
+                    fields=list(index.fields),
+                    dataset_version=segment.dataset_version_at_last_update,
+                    fragment_ids=segment.fragment_ids,
+                    index_version=segment.index_version,
+                )
+            )
+            if covered & live:  # "merged" alone: its files laid out as a committed segment's
+                one = _segment(dataset, index.name, sorted(covered & live))
+                built.append(dataset.merge_existing_index_segments([one]))
+    if removed:
+        operation = LanceOperation.CreateIndex(new_indices=built, removed_indices=removed)
+        LanceDataset.commit(dataset, operation, read_version=dataset.version)
+        dataset.checkout_latest()
+    return len(removed)
