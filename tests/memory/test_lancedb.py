@@ -132,7 +132,8 @@ def test_forget_of_an_owner_with_whole_files_leaves_no_index_segment_holding_the
     row_ids = [
         r["_rowid"] for f, text in index_files if f.name.endswith("docs.lance") for r in json.loads(text)
     ]
-    assert row_ids and {r >> 32 for r in row_ids} <= live  # the text index lists no row of a dropped file
+    assert row_ids
+    assert {r >> 32 for r in row_ids} <= live  # the text index lists no row of a dropped file
     assert store.list_memories("bob") == []
     assert len(store.list_memories("cid")) == 2000
     assert len(store.search("ann", "tea", k=500, mode="text")) == 300
@@ -195,7 +196,8 @@ def test_optimize_lays_out_a_table_an_older_statekeep_indexed_one_owner_per_file
     store._table.create_index("vector", config=config, name="vector_idx")
     store.close()
     store = LanceDBMemoryStore(folder, FakeEmbedder())
-    assert store._indexed and len(store._table.to_lance().get_fragments()) == 1
+    assert store._indexed
+    assert len(store._table.to_lance().get_fragments()) == 1
     store.optimize()
     assert not store._indexed
     assert {ix.name for ix in store._table.list_indices()} == {"content_idx", "owner_idx"}
@@ -212,10 +214,11 @@ def test_a_folder_of_an_earlier_version_is_upgraded_with_identities_and_write_or
     import lancedb
     import pyarrow as pa
 
-    from statekeep.memory.lancedb import TABLE, _schema
+    from statekeep.memory._lance_layout import schema
+    from statekeep.memory.lancedb import TABLE
 
     new = ("key", "dedupe_key", "duplicate_score", "seq")
-    old_schema = pa.schema([f for f in _schema(16) if f.name not in new])
+    old_schema = pa.schema([f for f in schema(16) if f.name not in new])
     contents = ["Alice has a dog.", "Alice drinks tea.", "Bye!"]
     none = [None] * 3
     columns = {

@@ -1,4 +1,4 @@
-"""The LanceDB table's layout, which makes erasure proportional to the owner, not the table.
+"""The LanceDB memories table: its schema, and the layout that makes erasure follow the owner, not the table.
 
 ``optimize`` writes the rows grouped by owner into data files of at most
 :data:`FRAGMENT_ROWS` rows (whole owners packed together; an owner bigger than
@@ -21,6 +21,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from statekeep.memory._rows import COLUMNS, to_row
+from statekeep.memory._types import Memory
+from statekeep.memory.embedders import Vectors
+
 #: The most rows a data file holds after ``optimize``.
 FRAGMENT_ROWS = 512
 #: The most data files a text or owner index segment covers.
@@ -28,6 +34,49 @@ SEGMENT_FILES = 8
 TEXT, OWNER = "content_idx", "owner_idx"
 #: Each index ``optimize`` builds: its column and Lance index type.
 INDEXES = {TEXT: ("content", "INVERTED"), OWNER: ("owner", "BTREE")}
+
+
+def schema(dimension: int) -> Any:
+    """The Arrow schema of the memories table, vectors of ``dimension`` floats."""
+    import pyarrow as pa
+
+    text = pa.string()
+    return pa.schema(
+        [
+            ("id", text),
+            ("owner", text),
+            ("content", text),
+            ("kind", text),
+            ("tags", pa.list_(text)),
+            ("metadata", text),
+            ("source", text),
+            ("session_id", text),
+            ("run_id", text),
+            ("event_id", text),
+            ("trust", pa.float64()),
+            ("model", text),
+            ("created_us", pa.int64()),
+            ("expires_us", pa.int64()),
+            ("superseded_by", text),
+            ("duplicate_of", text),
+            ("key", text),
+            ("dedupe_key", text),
+            ("duplicate_score", pa.float64()),
+            ("seq", pa.int64()),
+            ("vector", pa.list_(pa.float32(), dimension)),
+        ]
+    )
+
+
+def arrow_rows(memories: list[Memory], vectors: Vectors, dimension: int) -> Any:
+    """These memories and their vectors as an Arrow table of the memories table's schema."""
+    import pyarrow as pa
+
+    rows = [to_row(m) for m in memories]
+    columns = {c: [r[c] for r in rows] for c in COLUMNS}
+    flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
+    columns["vector"] = pa.FixedSizeListArray.from_arrays(flat, dimension)
+    return pa.table(columns, schema=schema(dimension))
 
 
 def packed(owners: list[str], size: int = FRAGMENT_ROWS) -> list[tuple[int, int]]:
@@ -137,8 +186,9 @@ def rewrite_deleted(dataset: Any) -> int:
     """Rewrite, one at a time, every data file with deleted rows; return how many were rewritten.
 
     Each compaction excludes every other file, so it merges nothing and Lance
-    remaps only the index segments of the rewritten file (a file whose rows are
-    all deleted is already gone, with its segments, since the delete).
+    remaps only the index segments over the rewritten file, dropping the deleted
+    rows from them (a file whose rows were all deleted is already gone: see
+    :func:`rebuild_stale`).
     """
     pending = [f.fragment_id for f in dataset.get_fragments() if f.metadata.deletion_file is not None]
     for fragment in pending:

@@ -33,8 +33,10 @@ from statekeep.memory import _lance_layout, _lock, base
 from statekeep.memory._dedupe import identity
 from statekeep.memory._exact import nearest
 from statekeep.memory._lance_files import decode_folder as decode_folder  # re-exported: erasure checks
+from statekeep.memory._lance_layout import arrow_rows as _arrow
+from statekeep.memory._lance_layout import schema as _schema
 from statekeep.memory._owner_cache import OwnerCache, OwnerRows, narrows, owner_rows
-from statekeep.memory._rows import COLUMNS, from_row, to_row, to_us
+from statekeep.memory._rows import COLUMNS, from_row, to_us
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Embedder, Vectors
 
@@ -82,47 +84,6 @@ def _filter_parts(f: Filters) -> list[str]:
     if f.min_trust is not None:
         parts.append(f"trust >= {f.min_trust!r}")
     return parts
-
-
-def _schema(dimension: int) -> Any:
-    import pyarrow as pa
-
-    text = pa.string()
-    return pa.schema(
-        [
-            ("id", text),
-            ("owner", text),
-            ("content", text),
-            ("kind", text),
-            ("tags", pa.list_(text)),
-            ("metadata", text),
-            ("source", text),
-            ("session_id", text),
-            ("run_id", text),
-            ("event_id", text),
-            ("trust", pa.float64()),
-            ("model", text),
-            ("created_us", pa.int64()),
-            ("expires_us", pa.int64()),
-            ("superseded_by", text),
-            ("duplicate_of", text),
-            ("key", text),
-            ("dedupe_key", text),
-            ("duplicate_score", pa.float64()),
-            ("seq", pa.int64()),
-            ("vector", pa.list_(pa.float32(), dimension)),
-        ]
-    )
-
-
-def _arrow(memories: list[Memory], vectors: Vectors, dimension: int) -> Any:
-    import pyarrow as pa
-
-    rows = [to_row(m) for m in memories]
-    columns = {c: [r[c] for r in rows] for c in COLUMNS}
-    flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
-    columns["vector"] = pa.FixedSizeListArray.from_arrays(flat, dimension)
-    return pa.table(columns, schema=_schema(dimension))
 
 
 class LanceDBMemoryStore(base.MemoryStore):
