@@ -12,8 +12,8 @@
   off on every column and index expression that holds memory content, and
   erasure clears whatever pg_statistic sampled of the partition's indexes.
 * One round trip per call: a search's transaction (its owner setting and search
-  settings, the query, the commit) goes out in one psycopg pipeline, and vectors
-  travel in pgvector's binary format, not as text.
+  settings, the query; the pipeline's sync ends it) goes out in one psycopg
+  pipeline, and vectors travel in pgvector's binary format, not as text.
 """
 
 from __future__ import annotations
