@@ -198,7 +198,7 @@ def test_inserts_and_reembedding_send_vectors_in_pgvector_binary_format(
     store = PgVectorMemoryStore(postgres_url, new, duplicate_threshold=None)
     assert store.reembed() == 3
     assert sent["text"] == []
-    sent_vectors = sorted((Vector.from_binary(b).to_numpy().tolist() for b in sent["binary"]))
+    sent_vectors = sorted(Vector.from_binary(b).to_numpy().tolist() for b in sent["binary"])
     np.testing.assert_allclose(sent_vectors, sorted(new.embed(texts).tolist()), atol=1e-6)
     store.close()
 

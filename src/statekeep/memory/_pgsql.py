@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection

@@ -52,7 +52,6 @@ def from_us(value: int | None) -> datetime | None:
     return _EPOCH + timedelta(microseconds=int(value))
 
 
-
 def to_row(memory: Memory) -> dict[str, Any]:
     """A memory as a flat row (metadata as JSON text, times as microseconds)."""
     p = memory.provenance
