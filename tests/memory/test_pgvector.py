@@ -99,6 +99,15 @@ def test_row_level_security_refuses_other_owners_rows_to_a_plain_role(postgres_u
             )
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             raw.execute("SELECT * FROM statekeep_memory.memories_p0")
+    # the store's own reads (one statement each, in the pipeline's implicit transaction) carry the owner
+    assert [m.content for m in worker.list_memories("alice")] == ["alice's note"]
+    for mode in ("vector", "text", "hybrid"):
+        found = [r.memory.content for r in worker.search("alice", "note", mode=mode)]
+        assert found == ["alice's note"], mode
+        assert all(r.memory.owner == "bob" for r in worker.search("bob", "note", mode=mode))
+    with pytest.raises(MemoryNotFoundError):
+        worker.get("alice", bob.id)
+    assert worker.get("bob", bob.id).content == "bob's secret"
     assert admin.get("bob", bob.id).content == "bob's secret"
     assert worker.forget("bob").removed == 1  # the worker role can still erase (VACUUM FULL via MAINTAIN)
     worker.close()
