@@ -227,6 +227,7 @@ def main(argv: list[str]) -> int:
             for kind, values in results[name].items():
                 print(f"  {kind:24s} " + "  ".join(f"{k} {v:.3f}" for k, v in values.items()))
     results["cpu_count"] = os.cpu_count()
+    results["data_folder"] = tempfile.gettempdir()  # TMPDIR=/dev/shm: memory-backed, no fsync
     results["steps"], results["trials"] = args.steps, args.trials
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")

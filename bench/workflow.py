@@ -469,6 +469,7 @@ def main(argv: list[str]) -> int:
         _print("postgresql workers", results["postgresql_workers"])
         _print("postgresql idle worker", results["postgresql_idle_worker"])
     results["cpu_count"] = os.cpu_count()
+    results["data_folder"] = tempfile.gettempdir()  # TMPDIR=/dev/shm: memory-backed, no fsync
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {RESULTS}")
