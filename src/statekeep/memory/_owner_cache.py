@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,11 @@ class OwnerRows:
     merged: npt.NDArray[np.bool_]
     expires_us: npt.NDArray[np.int64]  # NEVER when it does not expire
     models: npt.NDArray[np.str_]
+
+    @cached_property
+    def by_id(self) -> dict[str, Memory]:
+        """The memories by id."""
+        return {m.id: m for m in self.memories}
 
     @property
     def nbytes(self) -> int:

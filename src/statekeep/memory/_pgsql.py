@@ -278,18 +278,41 @@ def nearest_each_sql(model: str, dimension: int, clause: str) -> str:
     )
 
 
-def text_sql(clause: str) -> str:
-    """Full-text search: any word of the query matches (English stemming, stop words dropped).
+#: Full-text search leaves out a query word found in more than this share of the owner's memories
+#: (and in more than ``COMMON_WORD_MIN`` of them: in a handful of memories no word is common).
+COMMON_WORD_SHARE = 0.1
+COMMON_WORD_MIN = 10
+#: A lexeme (text column ``lexeme``) as a quoted ``tsquery`` term: nothing in it is an operator.
+_QUOTED_LEXEME = r"'''' || replace(replace(lexeme, '\', '\\'), '''', '''''') || ''''"
 
-    Ranked by ``ts_rank`` divided by 1 + the log of the memory's length (normalisation 1).
-    On the development split of ``bench/retrieval.py`` it gives the larger of the smaller
-    gains over dense search: much better where memories differ in length (LongMemEval's
-    long answers), somewhat worse than ``ts_rank`` or ``ts_rank_cd`` on short turns (LoCoMo).
+
+def text_sql(clause: str) -> str:
+    """Full-text search: any distinctive word of the query matches (English stemming, stop words dropped).
+
+    A word of the query found in more than ``COMMON_WORD_SHARE`` of the owner's memories
+    and in more than ``COMMON_WORD_MIN`` (a speaker's name in every turn they said, "many"
+    in "how many") is left out when the query has a rarer one. PostgreSQL's full-text
+    ranking has no inverse document frequency: such a word would rank memories that share
+    only it above those that share the question's subject, and every memory holding it
+    would have to be ranked. Each word is counted through the text index, up to the
+    share. Ranked by ``ts_rank`` divided by 1 + the log of the memory's length
+    (normalisation 1), which suits memories of very different lengths.
+    ``bench/retrieval.py`` chose both on its development split.
     """
+    term = f"CAST({_QUOTED_LEXEME} AS tsquery)"
+    cap = f"greatest({COMMON_WORD_SHARE} * n.n, {COMMON_WORD_MIN})"
     return (
-        f"SELECT {SELECT_COLUMNS}, ts_rank(tsv, q, 1) AS rank FROM {TABLE}, "
-        "CAST(replace(CAST(plainto_tsquery('english', :query) AS text), '&', '|') AS tsquery) AS q "
-        f"WHERE {clause} AND tsv @@ q ORDER BY rank DESC, {TIES} LIMIT :k"
+        f"WITH n AS MATERIALIZED (SELECT count(*) AS n FROM {TABLE} WHERE owner = :owner), "
+        f"df AS MATERIALIZED (SELECT lexeme, (SELECT count(*) FROM (SELECT 1 FROM {TABLE} "
+        f"WHERE owner = :owner AND tsv @@ {term} LIMIT floor({cap}) + 1) AS s) AS df "
+        "FROM n, unnest(tsvector_to_array(to_tsvector('english', :query))) AS lexeme), "
+        f"kept AS MATERIALIZED (SELECT CAST(string_agg({_QUOTED_LEXEME}, ' | ') AS tsquery) AS q "
+        f"FROM df, n WHERE df > 0 AND df <= greatest({cap}, (SELECT min(df) FROM df WHERE df > 0))), "
+        # ranked on the text vector alone (every tie with the k-th kept), the other columns only for the hits
+        f"top AS (SELECT id, ts_rank(tsv, kept.q, 1) AS rank FROM kept, {TABLE} WHERE {clause} "
+        "AND tsv @@ kept.q ORDER BY rank DESC FETCH FIRST :k ROWS WITH TIES) "
+        f"SELECT {SELECT_COLUMNS}, top.rank FROM {TABLE} JOIN top USING (id) WHERE owner = :owner "
+        f"ORDER BY top.rank DESC, {TIES} LIMIT :k"
     )
 
 
