@@ -75,11 +75,25 @@ class _NoSpan:
 
 
 _NO_SPAN = _NoSpan()
+_NO_PROVIDERS: tuple[type, ...] = (
+    () if trace is None else (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+)
 
 
 def enabled() -> bool:
     """True when the OpenTelemetry API is installed (spans still go nowhere without an SDK)."""
     return trace is not None
+
+
+def recording() -> bool:
+    """True when spans may go somewhere: a tracer provider (an SDK) has been set.
+
+    Without one, every span is a no-op: the hot paths (a step, a tool call) skip
+    building them, which costs more than the rest of a step's Python.
+    """
+    if trace is None:
+        return False
+    return not isinstance(trace.get_tracer_provider(), _NO_PROVIDERS)
 
 
 def _tracer() -> Any:
@@ -91,7 +105,7 @@ def _tracer() -> Any:
 @contextmanager
 def span(name: str, attributes: dict[str, Any] | None = None, *, kind: str = "internal") -> Iterator[Any]:
     """A span around the block, child of the current one; an exception marks it as an error."""
-    if trace is None:
+    if not recording():
         yield _NO_SPAN
         return
     span_kind = SpanKind.CLIENT if kind == "client" else SpanKind.INTERNAL

@@ -6,6 +6,7 @@ children) are in the conformance suite (test_suite.py).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import pytest
@@ -14,14 +15,17 @@ import sqlalchemy as sa
 from statekeep.db import Database
 from statekeep.errors import (
     InvalidInputError,
+    LeaseLostError,
     NonDeterminismError,
     StepOutputError,
     UnknownWorkflowError,
 )
 from statekeep.workflow import (
     AsyncRunContext,
+    Engine,
     Registry,
     RetryPolicy,
+    Run,
     RunContext,
     RunStatus,
     SQLWorkflowStore,
@@ -186,6 +190,90 @@ def test_step_commits_with_the_state_version_in_one_transaction(database_url: st
     assert engine.resume("r").status is RunStatus.COMPLETED
     assert engine.store.checkpoint("r").state_version == 2
     assert states.load("r", Notes).items == ["a", "b"]
+    db.dispose()
+
+
+def test_a_step_completion_writes_the_run_row_once_and_reads_no_state(database_url: str) -> None:
+    """Each step with a new state is one transaction: its checkpoint (the fence), its version, its entry.
+
+    The state the step set is read back from what it committed, not from the database.
+    """
+    db = Database(database_url)
+    states = SQLWorkingStateStore(db)
+    registry = Registry()
+    seen: list[list[str]] = []
+
+    @registry.workflow("noted", version=1, state=Notes)
+    def wf(ctx: RunContext) -> int:
+        for i in range(3):
+            state = ctx.state(Notes) or Notes()
+            seen.append(state.items)
+            ctx.set_state(Notes(items=[*state.items, str(i)]))
+            ctx.step(f"s{i}", int, str(i))
+        return 0
+
+    engine = Engine(db, registry, state_store=states)
+    engine.start(wf, "r")
+    statements: list[str] = []
+
+    def log(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(" ".join(statement.split()[:3]).upper())
+
+    sa.event.listen(db.engine, "before_cursor_execute", log)
+    try:
+        run = engine.resume("r")
+    finally:
+        sa.event.remove(db.engine, "before_cursor_execute", log)
+    assert run.status is RunStatus.COMPLETED
+    assert seen == [[], ["0"], ["0", "1"]]
+    assert states.load("r", Notes).items == ["0", "1", "2"]
+    touched = [s for s in statements if "RUNS" in s or "WORKING_VERSIONS" in s or "STEPS" in s]
+    completions = [i for i, s in enumerate(touched) if s.startswith("INSERT INTO") and "STEPS" in s]
+    assert len(completions) == 3
+    reads_of_state = [s for s in statements if s.startswith("SELECT") and "WORKING_VERSIONS" in s]
+    assert len(reads_of_state) == 1  # the first step's, before any version of this execution
+    # between two completions: one update of the run row (checkpoint and fence at once), one version
+    between = touched[completions[0] + 1 : completions[1] + 1]
+    assert sum(s.startswith("UPDATE") and "RUNS" in s for s in between) == 1, between
+    assert sum(s.startswith("INSERT") and "WORKING_VERSIONS" in s for s in between) == 1, between
+    db.dispose()
+
+
+def test_a_stale_worker_whose_state_version_was_taken_hears_lease_lost(database_url: str) -> None:
+    """The new holder committed the step and version first; the old one's same write is fenced: no clash."""
+    db = Database(database_url)
+    states = SQLWorkingStateStore(db)
+    registry = Registry()
+
+    @registry.workflow("noted", version=1, state=Notes)
+    def wf(ctx: RunContext) -> None:
+        ctx.set_state(Notes())
+        ctx.step("begin", int, "0")
+        ctx.sleep("nap", 3600)
+
+    engine = Engine(db, registry, state_store=states)
+    engine.run(wf, "r")  # parked, version 1 its latest: both holders would write version 2 next
+    store = engine.store
+    stale = store.acquire("r", "worker-a", 30)
+    live = store.acquire("r", "worker-b", 30)
+    assert stale is not None
+    assert live is not None
+    assert live.epoch == stale.epoch + 1
+
+    def complete(run: Run, output: str) -> None:
+        with store.fenced(run) as tx:
+            staged = (Notes(items=[output]), states.prepare("r", Notes(items=[output])))
+            version = tx.save_state(states, staged, 1)
+            stamp = datetime.now(UTC)
+            step = StepRecord("r", 3, "s", "step", "h", f'"{output}"', 1, stamp, stamp, version, None)
+            tx.record_step(step)
+
+    complete(live, "live")
+    with pytest.raises(LeaseLostError) as err:
+        complete(stale, "stale")
+    assert err.value.epoch == stale.epoch
+    assert states.load("r", Notes).items == ["live"]
+    assert [s.output for s in store.steps("r") if s.name == "s"] == ['"live"']
     db.dispose()
 
 

@@ -79,11 +79,13 @@ def append_events(
     keys: KeyRing | None = None,
     *,
     key_checked: bool = False,
+    bumped: sa.Row[int, int, str | None] | None = None,
 ) -> list[Event]:
     """Append ``drafts`` inside the caller's transaction; see :meth:`ContextStore._append`.
 
     With ``keys``, the payloads of an owned session are sealed under its owner's data key.
     ``key_checked``: the caller found the first draft's key absent in this transaction.
+    ``bumped``: the caller reserved the seqs already (the row its bump returned).
 
     Raises:
         SessionOwnerError: the session belongs to another owner (the caller rolls back).
@@ -91,7 +93,7 @@ def append_events(
         _NeedKey: the session's owner has no data key cached yet (the caller rolls back,
             prepares it, and retries).
     """
-    last, summary_seq, holder = _bump(conn, dialect, session_id, len(drafts), owner)
+    last, summary_seq, holder = _bump(conn, dialect, session_id, len(drafts), owner, bumped)
     if expect_summary is not None and summary_seq != expect_summary:
         raise _GuardFailed
     if drafts[0].key is not None and not key_checked:  # checked under the session row lock, so no race
@@ -127,19 +129,35 @@ _BUMP = (
     .values(last_seq=sessions.c.last_seq + sa.bindparam("n", type_=sa.BigInteger))
     .returning(sessions.c.last_seq, sessions.c.summary_seq, sessions.c.owner)
 )
+#: The same, only while no event of the session holds ``key``: the key check and the bump in one statement.
+_BUMP_UNLESS_KEY = (
+    sessions.update()
+    .where(
+        sessions.c.session_id == sa.bindparam("sid"),
+        ~sa.exists().where(events.c.session_id == sa.bindparam("sid"), events.c.key == sa.bindparam("key")),
+    )
+    .values(last_seq=sessions.c.last_seq + sa.bindparam("n", type_=sa.BigInteger))
+    .returning(sessions.c.last_seq, sessions.c.summary_seq, sessions.c.owner)
+)
 _INSERT_EVENTS = events.insert()
 
 
 def _bump(
-    conn: Connection, dialect: Dialect, session_id: str, n: int, owner: str | None
+    conn: Connection,
+    dialect: Dialect,
+    session_id: str,
+    n: int,
+    owner: str | None,
+    row: sa.Row[int, int, str | None] | None = None,
 ) -> tuple[int, int, str | None]:
     """Reserve ``n`` seqs: lock the session row and advance its counter; (new last, summary seq, owner).
 
     With ``owner``, refuse another owner's session and claim an unowned one, under the row lock.
+    ``row``: the caller reserved them already (the row its bump returned).
     """
-    where = sessions.c.session_id == session_id
     params = {"sid": session_id, "n": n}
-    row = conn.execute(_BUMP, params).first()
+    if row is None:
+        row = conn.execute(_BUMP, params).first()
     if row is None:
         new = dialect.insert(sessions).values(
             session_id=session_id, last_seq=0, summary_seq=0, pruned_to=0, owner=owner
@@ -149,7 +167,8 @@ def _bump(
     if owner is not None and row[2] != owner:
         if row[2] is not None:
             raise SessionOwnerError(session_id, owner, row[2])
-        conn.execute(sessions.update().where(where).values(owner=owner))  # the first owned write claims it
+        claim = sessions.update().where(sessions.c.session_id == session_id).values(owner=owner)
+        conn.execute(claim)  # the first owned write claims it
     return int(row[0]), int(row[1]), owner if owner is not None else row[2]
 
 
@@ -247,11 +266,21 @@ class SQLContextStore(ContextStore):
             SealedDataError: the owner has no data key.
         """
         draft = replace(self._draft(message), key=key)
-        stored = _by_key(conn, session_id, key, self.keys)
+        # the common case in one statement: the key is free and the session exists, so reserve the seq
+        bumped = conn.execute(_BUMP_UNLESS_KEY, {"sid": session_id, "key": key, "n": 1}).first()
+        stored = None if bumped is not None else _by_key(conn, session_id, key, self.keys)
         if stored is None:
             try:
                 stored = append_events(
-                    conn, self.db.dialect, session_id, [draft], None, owner, self.keys, key_checked=True
+                    conn,
+                    self.db.dialect,
+                    session_id,
+                    [draft],
+                    None,
+                    owner,
+                    self.keys,
+                    key_checked=True,
+                    bumped=bumped,
                 )[0]
             except _NeedKey as need:
                 raise SealedDataError("-", f"no data key for owner {need.owner!r}") from None

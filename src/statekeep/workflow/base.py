@@ -64,6 +64,10 @@ class RunWrite(ABC):
     opened for (``run``) and are only valid inside the ``with`` block.
     """
 
+    #: The run as :meth:`suspend` left it, when the backend read it back with the write
+    #: (the engine returns it after the commit instead of reading the run again).
+    parked: Run | None = None
+
     def __init__(self, run: Run) -> None:
         self.run = run
 

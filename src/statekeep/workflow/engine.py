@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import threading
 import uuid
 from datetime import timedelta
 from functools import partial
@@ -19,7 +18,6 @@ from statekeep.errors import (
     InvalidInputError,
     LeaseLostError,
     NonDeterminismError,
-    StatekeepError,
     StorageError,
     Suspended,
     UnknownWorkflowError,
@@ -29,6 +27,7 @@ from statekeep.workflow import codec
 from statekeep.workflow._types import FINISHED, Run, RunStatus
 from statekeep.workflow.base import WorkflowStore, now
 from statekeep.workflow.execution import Execution
+from statekeep.workflow.leases import Heartbeats
 from statekeep.workflow.registry import Registry, Workflow
 from statekeep.workflow.run_context import AsyncRunContext, RunContext
 from statekeep.workflow.sql import SQLWorkflowStore
@@ -84,6 +83,7 @@ class Engine:
         self.state_store = state_store
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.lease = float(lease)
+        self._heartbeats = Heartbeats(self._heartbeat, lambda: self.lease / 3)
 
     # --- entry points ---------------------------------------------------------------------
 
@@ -207,11 +207,11 @@ class Engine:
     def _execute(self, run: Run) -> Run:
         workflow = self._resolve(run)
         exe = Execution(self.store, run, workflow, states=self.state_store, children=self)
-        with _Heartbeat(self, run):
+        with self._heartbeats.held(run):
             try:
                 output = _invoke(exe, self.store, run.input)
             except Suspended:
-                return self.store.get(run.run_id)
+                return exe.parked or self.store.get(run.run_id)
             except (LeaseLostError, *_HOLD) as exc:
                 self._hold(run, exc)
                 raise
@@ -330,6 +330,10 @@ class Engine:
             tx.finish(status, output, error)
         return self.store.get(run.run_id)
 
+    def _heartbeat(self, run: Run) -> bool:
+        """Extend the lease of a run executing here; False once it was taken over."""
+        return self.store.heartbeat(run.run_id, run.epoch, self.lease)
+
     def _hold(self, run: Run, exc: BaseException) -> None:
         """Park a run the code cannot continue, so workers stop picking it up; a resume retries."""
         if isinstance(exc, LeaseLostError):
@@ -358,30 +362,3 @@ def _invoke(exe: Execution, store: WorkflowStore, stored: dict[str, Any]) -> Any
     if aio.active():  # driven on the caller's loop: the workflow runs there
         return aio.wait(_main())
     return asyncio.run(_main())
-
-
-class _Heartbeat:
-    """Extends a run's lease every third of its length while the run executes here."""
-
-    def __init__(self, engine: Engine, run: Run) -> None:
-        self._engine, self._run = engine, run
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, daemon=True, name=f"lease-{run.run_id}")
-
-    def __enter__(self) -> _Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self._engine.lease / 3):
-            try:
-                if not self._engine.store.heartbeat(self._run.run_id, self._run.epoch, self._engine.lease):
-                    return  # taken over; our next write will be refused by the fence
-            except StatekeepError:
-                continue
-            except Exception:  # a transient database error must not kill the lease thread
-                continue

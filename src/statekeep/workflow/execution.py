@@ -30,7 +30,7 @@ from statekeep.workflow import codec
 from statekeep.workflow._types import Checkpoint, ReplayEntry, Run, StepKind, StepRecord
 from statekeep.workflow.base import RunWrite, StagedState, WorkflowStore, now
 from statekeep.workflow.registry import Workflow
-from statekeep.working import WorkingStateStore
+from statekeep.working import StateVersion, WorkingStateStore
 
 T = TypeVar("T")
 M = TypeVar("M", bound=pydantic.BaseModel)
@@ -95,10 +95,13 @@ class Execution:
         self._cursor: int | None = None
         self._latest = run.state_version  # the newest version the run committed
         self._state_at: int | None = None  # the version as of the current position
+        # the version this execution committed last, as staged: read back without a round trip
+        self._committed: tuple[int, StateVersion] | None = None
         self._last_seq = run.last_seq
         self._page: dict[int, ReplayEntry] = {}
         self._span = range(0)
         self._written: list[StepRecord] = []  # completions of the open transaction, logged at commit
+        self.parked: Run | None = None  # the run as the last committed write parked it, if known
 
     @property
     def run_id(self) -> str:
@@ -181,6 +184,8 @@ class Execution:
         """The working state as of this position, loaded into ``model``; None before the first."""
         if self.states is None or self._state_at is None:
             return None
+        if self._committed is not None and self._committed[0] == self._state_at:
+            return self.states.decode(self._committed[1], model)
         try:  # one primary-key lookup, however many versions the run has
             return self.states.load(self.run_id, model, version=self._state_at)
         except StateNotFoundError:
@@ -194,6 +199,7 @@ class Execution:
         self._written.clear()
         with self.store.fenced(self.run) as tx:
             yield tx
+        self.parked = tx.parked
         tracing.steps_committed(self.run, self._written)
 
     def record(
@@ -210,8 +216,9 @@ class Execution:
     ) -> Any:
         """Write a completion, with the staged state and cursor, in ``tx``; return the decoded output."""
         version = None
-        if self._staged is not None and self.states is not None:
-            version = tx.save_state(self.states, self._staged, self._latest)
+        staged = self._staged
+        if staged is not None and self.states is not None:
+            version = tx.save_state(self.states, staged, self._latest)
         stamp = now()
         step = StepRecord(
             self.run_id,
@@ -229,8 +236,9 @@ class Execution:
         tx.record_step(step)
         self._written.append(step)
         self._staged, self._cursor = None, None
-        if version is not None:  # only read again after this transaction commits
+        if version is not None and staged is not None:  # only read again after this transaction commits
             self._latest = self._state_at = version
+            self._committed = (version, staged[1])
         return json.loads(output)
 
     def commit(

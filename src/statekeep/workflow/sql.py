@@ -303,9 +303,11 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
         with self.db.begin() as conn:
             if parent is not None:
                 fence(conn, parent.run_id, parent.epoch)  # first: it locks the parent row
-            taken = conn.execute(take.values(values)).rowcount == 1
+            row = conn.execute(take.values(values).returning(*runs.c)).mappings().first()
+            if row is not None:  # taken: the run as the take left it
+                return run_record(row, self.keys)
             run = get_run(conn, run_id, self.keys)
-        return run if taken or run.status.finished else None
+        return run if run.status.finished else None
 
     def claim(self, owner: str, lease: float, limit: int, workflows: Iterable[tuple[str, int]]) -> list[Run]:
         pairs = [sa.and_(runs.c.workflow == n, runs.c.version == v) for n, v in workflows]
@@ -351,8 +353,9 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
     def fenced(self, run: Run) -> Iterator[SQLRunWrite]:
         self._prepare(run.owner)
         with self.db.begin() as conn:
-            fence(conn, run.run_id, run.epoch)
-            yield SQLRunWrite(run, conn, self.db, self.keys)
+            tx = SQLRunWrite(run, conn, self.db, self.keys)
+            yield tx
+            tx.close()
 
     # --- journal and ledger ---------------------------------------------------------------
 

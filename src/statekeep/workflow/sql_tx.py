@@ -29,7 +29,7 @@ from statekeep.workflow import codec
 from statekeep.workflow._types import Approval, LedgerEntry, Run, RunStatus, StepRecord
 from statekeep.workflow.base import RunWrite, StagedState, now
 from statekeep.workflow.tables import approvals, events, runs, steps, tool_calls
-from statekeep.working import WorkingStateStore
+from statekeep.working import StateVersion, WorkingStateStore
 from statekeep.working import sql as working_sql
 
 # hot statements are built once; values travel as bind parameters (no per-call compilation)
@@ -50,6 +50,20 @@ _CHECKPOINT = (
     )
 )
 
+_PARK = (
+    runs.update()
+    .where(runs.c.run_id == sa.bindparam("rid"), runs.c.epoch == sa.bindparam("ep"))
+    .values(
+        status=sa.bindparam("st"),
+        runnable_at=sa.bindparam("at", type_=UTCDateTime),
+        waiting=sa.bindparam("w"),
+        lease_owner=None,
+        lease_expires_at=None,
+        updated_at=sa.bindparam("now", type_=UTCDateTime),
+    )
+    .returning(*runs.c)
+)
+
 
 def fence(conn: Connection, run_id: str, epoch: int) -> None:
     """Bump the run row under ``epoch`` (locking it), or raise: the holder was taken over.
@@ -62,11 +76,36 @@ def fence(conn: Connection, run_id: str, epoch: int) -> None:
 
 
 class SQLRunWrite(RunWrite):
-    """A fenced transaction of one run over a SQLAlchemy connection."""
+    """A fenced transaction of one run over a SQLAlchemy connection.
+
+    The fence is taken by the transaction's first write: a step's checkpoint is
+    itself fenced by the epoch, so a step's completion (its state version, journal
+    entry and checkpoint) writes the run row once, not twice; any other first write
+    (through :attr:`conn`) bumps the run row under the epoch before it. A stale
+    worker therefore hears "lease lost" before anything of its own is written.
+    """
 
     def __init__(self, run: Run, conn: Connection, db: Database, keys: KeyRing | None = None) -> None:
         super().__init__(run)
-        self.conn, self.db, self.keys = conn, db, keys
+        self._conn, self.db, self.keys = conn, db, keys
+        self._fenced = False
+        # a state version staged for the step's completion: inserted right after its checkpoint
+        self._version: tuple[StateVersion, int] | None = None
+
+    @property
+    def conn(self) -> Connection:
+        """The transaction's connection, fenced: the run row was bumped under the epoch first."""
+        if not self._fenced:
+            fence(self._conn, self._rid, self.run.epoch)
+            self._fenced = True
+        return self._conn
+
+    def close(self) -> None:
+        """Before the commit: write a version no checkpoint took; fence a transaction that wrote nothing."""
+        conn = self.conn
+        if self._version is not None:
+            working_sql.append_after(conn, *self._version)
+            self._version = None
 
     @property
     def _rid(self) -> str:
@@ -80,15 +119,19 @@ class SQLRunWrite(RunWrite):
 
     def record_step(self, step: StepRecord) -> None:
         params = {"rid": step.run_id, "ep": self.run.epoch, "seq": step.seq, "sv": step.state_version}
-        # the fence again, with the checkpoint: a stale worker hears "lease lost", never a key clash
+        # the checkpoint is fenced by the epoch: a stale worker hears "lease lost", never a key clash
         if (
-            self.conn.execute(_CHECKPOINT, {**params, "cur": step.cursor, "now": step.finished_at}).rowcount
+            self._conn.execute(_CHECKPOINT, {**params, "cur": step.cursor, "now": step.finished_at}).rowcount
             != 1
         ):
             raise LeaseLostError(step.run_id, self.run.epoch)
+        self._fenced = True
+        if self._version is not None:
+            working_sql.append_after(self._conn, *self._version)
+            self._version = None
         row = {k: getattr(step, k) for k in StepRecord.__slots__}
         row["output"] = self._seal(step.output)
-        self.conn.execute(_INSERT_STEP, row)
+        self._conn.execute(_INSERT_STEP, row)
 
     def save_state(self, states: WorkingStateStore, staged: StagedState, latest: int | None) -> int:
         if not (isinstance(states, working_sql.SQLWorkingStateStore) and states.db is self.db):
@@ -97,7 +140,9 @@ class SQLRunWrite(RunWrite):
         record = states.sealed(record, self.run.owner)
         if latest is None:
             return working_sql.append(self.conn, record, None).version
-        return working_sql.append_after(self.conn, record, latest)
+        # written after the step's checkpoint (record_step), which fences the transaction
+        self._version = (record, latest)
+        return latest + 1
 
     def replace_journal(self, journal: list[StepRecord], version: int) -> None:
         self.conn.execute(steps.delete().where(steps.c.run_id == self._rid))
@@ -177,9 +222,16 @@ class SQLRunWrite(RunWrite):
         return True, codec.loads(unseal(self.keys, row.payload))
 
     def suspend(self, status: RunStatus, wake_at: datetime | None, waiting: dict[str, Any]) -> None:
-        park(self.conn, self._rid, status, wake_at, json.dumps(waiting))
+        # fenced by the epoch itself, and read back in the same statement: the engine returns it
+        values = {"st": status.value, "at": wake_at, "w": json.dumps(waiting), "now": now()}
+        row = self._conn.execute(_PARK, {"rid": self._rid, "ep": self.run.epoch, **values}).mappings().first()
+        if row is None:
+            raise LeaseLostError(self._rid, self.run.epoch)
+        self._fenced = True
+        self.parked = run_record(row, self.keys)
 
     def wake(self, waiting: Iterable[RunStatus]) -> bool:
+        self.parked = None  # no longer as parked
         return wake(self.conn, self._rid, waiting)
 
     def finish(self, status: RunStatus, output: str | None, error: str | None) -> None:
@@ -199,17 +251,6 @@ class SQLRunWrite(RunWrite):
 
 
 # --- statements shared with the store's own transactions ------------------------------------
-
-
-def park(conn: Connection, run_id: str, status: RunStatus, wake_at: datetime | None, waiting: str) -> None:
-    """Park a run in a waiting state and release its lease."""
-    conn.execute(
-        runs.update()
-        .where(runs.c.run_id == run_id)
-        .values(
-            status=status.value, runnable_at=wake_at, waiting=waiting, lease_owner=None, lease_expires_at=None
-        )
-    )
 
 
 def wake(conn: Connection, run_id: str, waiting: Iterable[RunStatus]) -> bool:

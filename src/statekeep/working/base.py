@@ -91,9 +91,18 @@ class WorkingStateStore(ABC):
             StateNotFoundError: no such version.
             SchemaVersionError: the stored schema cannot be loaded by this code.
         """
+        return self.decode(self.get(run_id, version=version), model)
+
+    def decode(self, record: StateVersion, model: type[M]) -> M:
+        """Load a record this store gave (or was given to save) into ``model``, migrating it forward.
+
+        Raises:
+            InvalidInputError: ``model`` is not a pydantic model class.
+            SchemaVersionError: the record's schema cannot be loaded by this code.
+        """
         if not (isinstance(model, type) and issubclass(model, pydantic.BaseModel)):
             raise InvalidInputError(f"must be a pydantic model class, not {model!r}", field="model")
-        return decode(self.get(run_id, version=version), model, self.migrations)
+        return decode(record, model, self.migrations)
 
     def get(self, run_id: str, *, version: int | None = None) -> StateVersion:
         """The stored record of the latest version (or ``version``)."""
