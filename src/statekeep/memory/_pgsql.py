@@ -164,10 +164,35 @@ def _no_expression_statistics(conn: Connection) -> None:
     clear_statistics(conn)
 
 
+#: The full-text index's pending list (kB): recent writes wait there, unsorted, until a vacuum or this size
+#: moves them into the index, and every search reads all of it, once for each word it counts.
+GIN_PENDING_KB = 64
+
+
+def _short_pending_list(conn: Connection) -> None:
+    """Each partition's full-text index keeps at most ``GIN_PENDING_KB`` of pending entries; flush them now.
+
+    With PostgreSQL's default (4 MB), a search right after a bulk write of 10,000 memories
+    took 170 ms until autovacuum came by, against 20 ms; writes take about as long.
+    """
+    of_each = (
+        "SELECT CAST(CAST(inhrelid AS regclass) AS text) FROM pg_inherits "
+        "WHERE inhparent = CAST(:i AS regclass)"
+    )
+    for index in conn.execute(sa.text(of_each), {"i": f"{SCHEMA}.memories_tsv"}).scalars().all():
+        conn.exec_driver_sql(f"ALTER INDEX {index} SET (gin_pending_list_limit = {GIN_PENDING_KB})")
+        conn.execute(sa.text("SELECT gin_clean_pending_list(CAST(:i AS regclass))"), {"i": index})
+
+
 MIGRATIONS = [
     Migration(1, "memories, partitioned by owner, with row-level security", _create),
     Migration(2, "deduplication by identity, and a write order that breaks ranking ties", _dedupe_and_order),
     Migration(3, "no statistics on index expressions (embeddings)", _no_expression_statistics),
+    Migration(
+        4,
+        "a short pending list in the full-text index (searches count words through it)",
+        _short_pending_list,
+    ),
 ]
 
 
