@@ -73,9 +73,10 @@ class OwnerRows:
 
 
 def narrows(filters: Filters) -> bool:
-    """True when ``filters`` asks for more than current memories (kinds, tags, times, sources, trust)."""
+    """True when ``filters`` asks for more than current memories (kinds, tags, times, sources, ...)."""
     return bool(
-        filters.kinds
+        filters.sessions
+        or filters.kinds
         or filters.tags
         or filters.sources
         or filters.since is not None

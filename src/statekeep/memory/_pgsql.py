@@ -279,6 +279,9 @@ def _filter_parts(f: Filters, params: dict[str, object]) -> list[str]:
     if f.min_trust is not None:
         parts.append("trust >= :min_trust")
         params["min_trust"] = f.min_trust
+    if f.sessions:
+        parts.append("session_id = ANY(:sessions)")
+        params["sessions"] = list(f.sessions)
     return parts
 
 

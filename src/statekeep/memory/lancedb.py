@@ -78,6 +78,8 @@ def _filter_parts(f: Filters) -> list[str]:
         parts.append(_in("source", f.sources))
     if f.min_trust is not None:
         parts.append(f"trust >= {f.min_trust!r}")
+    if f.sessions:
+        parts.append(_in("session_id", f.sessions))
     return parts
 
 
