@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -98,6 +99,15 @@ def test_row_level_security_refuses_other_owners_rows_to_a_plain_role(postgres_u
             )
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             raw.execute("SELECT * FROM statekeep_memory.memories_p0")
+    # the store's own reads (one statement each, in the pipeline's implicit transaction) carry the owner
+    assert [m.content for m in worker.list_memories("alice")] == ["alice's note"]
+    for mode in ("vector", "text", "hybrid"):
+        found = [r.memory.content for r in worker.search("alice", "note", mode=mode)]
+        assert found == ["alice's note"], mode
+        assert all(r.memory.owner == "bob" for r in worker.search("bob", "note", mode=mode))
+    with pytest.raises(MemoryNotFoundError):
+        worker.get("alice", bob.id)
+    assert worker.get("bob", bob.id).content == "bob's secret"
     assert admin.get("bob", bob.id).content == "bob's secret"
     assert worker.forget("bob").removed == 1  # the worker role can still erase (VACUUM FULL via MAINTAIN)
     worker.close()
@@ -161,6 +171,44 @@ def test_a_search_is_one_round_trip_with_its_owner_and_settings_and_binary_vecto
     with pytest.raises(StorageError, match="division by zero"):  # a failed statement rolls back, cleanly
         store._run("alice", [_Statement("SELECT 1 / 0", {}), probe], write=True)
     assert len(store.search("alice", "tea", k=5)) == 5
+    store.close()
+
+
+def test_inserts_and_reembedding_send_vectors_in_pgvector_binary_format(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every vector written goes out through pgvector's binary dumper, byte for byte; none as text."""
+    from pgvector import Vector
+    from pgvector.psycopg.vector import VectorBinaryDumper, VectorDumper
+
+    sent: dict[str, list[bytes]] = {"binary": [], "text": []}
+
+    def recording(cls: type[VectorDumper], kind: str) -> Any:
+        original = cls.dump
+
+        def dump(self: VectorDumper, obj: Any) -> Any:
+            out = original(self, obj)
+            sent[kind].append(bytes(out))  # type: ignore[arg-type]
+            return out
+
+        return dump
+
+    monkeypatch.setattr(VectorBinaryDumper, "dump", recording(VectorBinaryDumper, "binary"))
+    monkeypatch.setattr(VectorDumper, "dump", recording(VectorDumper, "text"))
+    texts = [f"alice note {i} about tea" for i in range(3)]
+    old, new = FakeEmbedder(8, name="old-model"), FakeEmbedder(8, name="new-model")
+    store = PgVectorMemoryStore(postgres_url, old, duplicate_threshold=None)
+    store.remember_many("alice", texts)
+    assert sent["text"] == []
+    sent_vectors = [Vector.from_binary(b).to_numpy() for b in sent["binary"]]
+    np.testing.assert_allclose(sent_vectors, old.embed(texts), atol=1e-6)
+    sent["binary"].clear()
+    store.close()
+    store = PgVectorMemoryStore(postgres_url, new, duplicate_threshold=None)
+    assert store.reembed() == 3
+    assert sent["text"] == []
+    sent_vectors = sorted(Vector.from_binary(b).to_numpy().tolist() for b in sent["binary"])
+    np.testing.assert_allclose(sent_vectors, sorted(new.embed(texts).tolist()), atol=1e-6)
     store.close()
 
 

@@ -9,9 +9,9 @@ row's owner with that setting.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -204,6 +204,7 @@ _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 _LITERAL = re.compile(r"('(?:[^']|'')*')")
 
 
+@functools.lru_cache(maxsize=512)
 def pyformat(sql: str) -> str:
     """A statement written with ``:name`` parameters in psycopg's ``%(name)s`` style.
 
@@ -217,7 +218,8 @@ def pyformat(sql: str) -> str:
     return "".join(p if i % 2 else _PARAM.sub(r"%(\1)s", p) for i, p in enumerate(parts))
 
 
-def settings_sql(names: Sequence[str]) -> str:
+@functools.lru_cache(maxsize=64)
+def settings_sql(names: tuple[str, ...]) -> str:
     """One statement that sets each named setting for the rest of the transaction (``%(s<i>)s`` values)."""
     calls = ", ".join(f"set_config({literal(n)}, %(s{i})s, true)" for i, n in enumerate(names))
     return f"SELECT {calls}"

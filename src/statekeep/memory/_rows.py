@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from statekeep.memory._dedupe import identity
@@ -34,11 +34,14 @@ COLUMNS = (
 )
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def to_us(value: datetime | None) -> int | None:
     """A timezone-aware time as integer microseconds since the epoch (exact, no timezone quirks)."""
     if value is None:
         return None
-    delta = value.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)
+    delta = value.astimezone(UTC) - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
@@ -46,9 +49,7 @@ def from_us(value: int | None) -> datetime | None:
     """Inverse of :func:`to_us`."""
     if value is None:
         return None
-    from datetime import timedelta
-
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(value))
+    return _EPOCH + timedelta(microseconds=int(value))
 
 
 def to_row(memory: Memory) -> dict[str, Any]:

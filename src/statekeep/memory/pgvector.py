@@ -12,8 +12,8 @@
   off on every column and index expression that holds memory content, and
   erasure clears whatever pg_statistic sampled of the partition's indexes.
 * One round trip per call: a search's transaction (its owner setting and search
-  settings, the query, the commit) goes out in one psycopg pipeline, and vectors
-  travel in pgvector's binary format, not as text.
+  settings, the query; the pipeline's sync ends it) goes out in one psycopg
+  pipeline, and vectors travel in pgvector's binary format, not as text.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def _rows(cursor: psycopg.Cursor[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every row a cursor received (none for an ``executemany``)."""
     rows: list[dict[str, Any]] = []
     while True:
-        if cursor.description is not None:
+        result = cursor.pgresult  # its status, not ``description``: that builds a Column per column
+        if result is not None and result.status == pq.ExecStatus.TUPLES_OK:
             rows.extend(cursor.fetchall())
         if not cursor.nextset():
             return rows
@@ -139,7 +140,10 @@ class PgVectorMemoryStore(base.MemoryStore):
 
     def _driver(self, conn: Connection) -> psycopg.Connection[Any]:
         """The psycopg connection under ``conn``, sending numpy vectors in pgvector's binary format."""
-        raw: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
+        return self._binary_vectors(conn.connection.driver_connection)  # type: ignore[arg-type]
+
+    def _binary_vectors(self, raw: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+        """``raw``, with pgvector's binary dumper registered for numpy vectors (once per connection)."""
         if raw not in self._binary:
             if self._vector_type is None:
                 self._vector_type = TypeInfo.fetch(raw, "vector")
@@ -164,6 +168,8 @@ class PgVectorMemoryStore(base.MemoryStore):
         The owner setting (row-level security lets only its rows through) and, for a
         search, the planner settings open the transaction in one ``set_config``
         statement; the statements and the commit follow in the same psycopg pipeline.
+        A read of one statement needs no ``BEGIN`` and ``COMMIT``: the statements of a
+        pipeline up to its sync are one transaction, and one statement sees one snapshot.
         A search sets: custom plans always (a generic plan of a prepared statement
         neither prunes partitions at plan time nor uses the index well); HNSW iterative
         scans, so filters cannot shrink the result; and, for an owner at least
@@ -180,17 +186,18 @@ class PgVectorMemoryStore(base.MemoryStore):
                 settings["enable_sort"] = "off"
         what = f"{'writing' if write else 'reading'} memories of {owner!r}"
         try:
-            with self.db.begin(what) if write else self.db.read(what) as conn:
-                raw = self._driver(conn)
+            with self._pooled(what) as raw:
                 cursors = []
                 # psycopg would sync after its own BEGIN and again after COMMIT: send both ourselves,
                 # queued with the statements, so that the pipeline's one sync is the one round trip
                 raw.autocommit = True
+                explicit = write or len(statements) > 1  # else the sync ends the (implicit) transaction
                 try:
                     with raw.pipeline():
-                        raw.execute(q.BEGIN_WRITE if write else q.BEGIN_READ)
+                        if explicit:
+                            raw.execute(q.BEGIN_WRITE if write else q.BEGIN_READ)
                         values = {f"s{i}": v for i, v in enumerate(settings.values())}
-                        raw.execute(q.settings_sql(list(settings)), values)
+                        raw.execute(q.settings_sql(tuple(settings)), values)
                         for statement in statements:
                             cursor = raw.cursor(row_factory=dict_row)
                             sql = q.pyformat(statement.sql)
@@ -200,14 +207,27 @@ class PgVectorMemoryStore(base.MemoryStore):
                             else:
                                 cursor.execute(sql, statement.params)
                             cursors.append(cursor)
-                        raw.execute("COMMIT")
+                        if explicit:
+                            raw.execute("COMMIT")
                 finally:
                     if raw.info.transaction_status != pq.TransactionStatus.IDLE:
                         raw.rollback()  # a statement failed: the rest was skipped, the transaction aborted
-                    raw.autocommit = False  # as SQLAlchemy left it; its own commit finds nothing to do
+                    raw.autocommit = False  # as the pool hands connections out
                 return [_rows(cursor) for cursor in cursors]
         except psycopg.Error as exc:
             raise storage_error(exc, what) from exc
+
+    @contextmanager
+    def _pooled(self, what: str) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled psycopg connection, without SQLAlchemy's transaction: :meth:`_run` sends its own."""
+        try:
+            pooled = self.db.engine.raw_connection()  # checked out (and pinged if idle) as db.begin does
+        except sa.exc.DBAPIError as exc:
+            raise storage_error(exc, what) from exc
+        try:
+            yield self._binary_vectors(pooled.driver_connection)  # type: ignore[arg-type]
+        finally:
+            pooled.close()  # back to the pool, which rolls back whatever is left open
 
     def _is_big(self, owner: str) -> bool:
         """Whether the owner has at least ``exact_below`` memories (learnt at most SIZE_HINT_SECONDS ago).
