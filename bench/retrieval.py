@@ -11,10 +11,11 @@ Each turn of a conversation is remembered for the conversation's owner (content
 searched within its owner (k=20); recall@k is the share of the question's evidence
 turns among the first k results, averaged over questions. Modes: the store's
 ``vector`` (plain dense: the baseline), ``text`` (plain full-text: BM25 on LanceDB,
-``ts_rank_cd`` on PostgreSQL), ``hybrid`` (the default), and ``rrf``, the hybrid search
-of statekeep before this benchmark (reciprocal-rank fusion of ``max(4k, 20)`` of each),
-measured from the same primitives. Owners are split once into a development part,
-on which methods and constants were chosen, and a held-out part, on which they are
+length-normalised ``ts_rank`` of the query's distinctive words on PostgreSQL),
+``hybrid`` (the default), and ``rrf``, the hybrid search of statekeep before this
+benchmark (reciprocal-rank fusion of ``max(4k, 20)`` of each), measured from the
+same primitives. Owners are split once into a development part, on which methods
+and constants were chosen, and a held-out part, on which they are
 reported (bench/_datasets.py says how and where the data come from).
 
 Latency: one owner holding 10,000 turns (LongMemEval's), 200 questions; the p50 of

@@ -255,3 +255,18 @@ def test_a_store_of_the_first_schema_is_upgraded_with_identities_and_write_order
     assert again.dedupe.reason == "same_text"
     assert store.remember("alice", "Alice has a cat.").seq == 4
     store.close()
+
+
+def test_every_partitions_full_text_index_keeps_a_short_pending_list(postgres_url: str) -> None:
+    """A search counts each query word through the text index, so its pending list stays short."""
+    from statekeep.memory import _pgsql as q
+
+    PgVectorMemoryStore(postgres_url, FakeEmbedder()).close()
+    with psycopg.connect(libpq(postgres_url)) as conn:
+        options = conn.execute(
+            "SELECT c.reloptions FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = CAST(%s AS regclass)",
+            (f"{q.SCHEMA}.memories_tsv",),
+        ).fetchall()
+    assert len(options) == q.PARTITIONS
+    assert all(f"gin_pending_list_limit={q.GIN_PENDING_KB}" in (o or []) for (o,) in options)

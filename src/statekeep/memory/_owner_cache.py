@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,11 @@ class OwnerRows:
     expires_us: npt.NDArray[np.int64]  # NEVER when it does not expire
     models: npt.NDArray[np.str_]
 
+    @cached_property
+    def by_id(self) -> dict[str, Memory]:
+        """The memories by id."""
+        return {m.id: m for m in self.memories}
+
     @property
     def nbytes(self) -> int:
         """About how much memory this takes."""
@@ -67,9 +73,10 @@ class OwnerRows:
 
 
 def narrows(filters: Filters) -> bool:
-    """True when ``filters`` asks for more than current memories (kinds, tags, times, sources, trust)."""
+    """True when ``filters`` asks for more than current memories (kinds, tags, times, sources, ...)."""
     return bool(
-        filters.kinds
+        filters.sessions
+        or filters.kinds
         or filters.tags
         or filters.sources
         or filters.since is not None

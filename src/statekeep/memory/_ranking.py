@@ -28,9 +28,9 @@ RRF_K = 60
 #: Candidates taken from each ranking of a hybrid search, whatever ``k`` (at least ``k``).
 POOL = 50
 #: The weight of the vector ranking in a hybrid search (the full-text ranking has the rest).
-VECTOR_WEIGHT = 0.5
+VECTOR_WEIGHT = 0.3
 #: The share of its best neighbour's fused score that a memory adds to its own.
-CONTEXT_WEIGHT = 0.2
+CONTEXT_WEIGHT = 0.4
 #: Neighbours: memories of the same session at most this far apart in write order.
 CONTEXT_SPAN = 1
 

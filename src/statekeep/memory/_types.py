@@ -232,6 +232,8 @@ class Filters:
     until: datetime | None = None
     sources: tuple[SourceKind, ...] = ()
     min_trust: float | None = None
+    #: Only memories of one of these sessions (``provenance.session_id``).
+    sessions: tuple[str, ...] = ()
     #: Also return memories merged into another one (``duplicate_of``; superseded ones never).
     include_merged: bool = False
 
@@ -244,6 +246,7 @@ class Filters:
             and (self.until is None or memory.created_at < self.until)
             and (not self.sources or memory.provenance.source in self.sources)
             and (self.min_trust is None or memory.trust >= self.min_trust)
+            and (not self.sessions or memory.provenance.session_id in self.sessions)
         )
 
 
@@ -312,10 +315,14 @@ def check_filters(
     sources: Iterable[SourceKind] | SourceKind | None,
     min_trust: float | None,
     include_merged: bool = False,
+    sessions: Iterable[str] | str | None = None,
 ) -> Filters:
     """Validate search filters into a :class:`Filters`."""
     if not isinstance(include_merged, bool):
         raise InvalidInputError("must be True or False", field="include_merged")
+    if sessions is not None and (not isinstance(sessions, Iterable) or isinstance(sessions, Mapping)):
+        raise InvalidInputError("must be a session id or a list of them", field="sessions")
+    items = () if sessions is None else (sessions,) if isinstance(sessions, str) else tuple(sessions)
     return Filters(
         kinds=check_choices(kinds, MEMORY_KINDS, "kinds"),
         tags=check_tags(tags),
@@ -324,4 +331,5 @@ def check_filters(
         sources=check_choices(sources, SOURCE_KINDS, "sources"),
         min_trust=None if min_trust is None else check_number(min_trust, "min_trust"),
         include_merged=include_merged,
+        sessions=tuple(dict.fromkeys(check_id(s, "sessions") for s in items)),
     )

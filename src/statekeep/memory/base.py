@@ -338,6 +338,7 @@ class MemoryStore(Upkeep):
         min_trust: float | None = None,
         vector: Sequence[float] | None = None,
         include_merged: bool = False,
+        sessions: Iterable[str] | str | None = None,
     ) -> list[SearchResult]:
         """The owner's ``k`` current memories most relevant to ``query``, best first.
 
@@ -348,8 +349,9 @@ class MemoryStore(Upkeep):
         (score = cosine), ``"text"`` by full-text relevance alone. Superseded
         and expired memories, and memories embedded by another model, are never
         returned; memories merged into another (``dedupe="similar"``) only with
-        ``include_merged=True``. Pass
-        ``vector`` to reuse a query embedding already computed with this store's
+        ``include_merged=True``. ``sessions`` keeps the memories of those sessions
+        (``provenance.session_id``); the other filters are on kind, tags, creation
+        time, source and trust. Pass ``vector`` to reuse a query embedding already computed with this store's
         embedder. Ties in score are broken by content, then write order, so the
         same data and query give the same results on every run.
 
@@ -370,7 +372,9 @@ class MemoryStore(Upkeep):
         k = _check.check_int(k, "k", minimum=1, maximum=_types.MAX_K)
         if mode not in SEARCH_MODES:
             raise InvalidInputError(f"must be one of {list(SEARCH_MODES)}", field="mode")
-        filters = _types.check_filters(kinds, tags, since, until, sources, min_trust, include_merged)
+        filters = _types.check_filters(
+            kinds, tags, since, until, sources, min_trust, include_merged, sessions
+        )
         attributes = {
             "statekeep.memory.backend": self.backend,
             "statekeep.memory.k": k,

@@ -83,6 +83,8 @@ def _filter_parts(f: Filters) -> list[str]:
         parts.append(_in("source", f.sources))
     if f.min_trust is not None:
         parts.append(f"trust >= {f.min_trust!r}")
+    if f.sessions:
+        parts.append(_in("session_id", f.sessions))
     return parts
 
 
@@ -352,11 +354,20 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
         clause = where(owner, filters, now)
+        # the owner's memories held in process: the index returns ids and scores, the rest is here
+        held = None if narrows(filters) else self._held(owner)
+
+        def search() -> Any:
+            fts = self._table.search(query, query_type="fts", fts_columns="content")
+            return fts.where(clause, prefilter=True)
 
         def fetch(n: int) -> list[SearchResult]:
-            search = self._table.search(query, query_type="fts", fts_columns="content")
-            rows = search.where(clause, prefilter=True).limit(n).to_list()
-            return [SearchResult(from_row(r), float(r["_score"])) for r in rows]
+            if held is not None:
+                ranked = search().select(["id", "_score"]).limit(n).to_arrow()
+                ids, scores = ranked.column("id").to_pylist(), ranked.column("_score").to_pylist()
+                if all(i in held.by_id for i in ids):
+                    return [SearchResult(held.by_id[i], float(s)) for i, s in zip(ids, scores, strict=True)]
+            return [SearchResult(from_row(r), float(r["_score"])) for r in search().limit(n).to_list()]
 
         return base.top_k(fetch, k)
 

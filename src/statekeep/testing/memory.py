@@ -147,18 +147,26 @@ class MemoryStoreSuite(ExactSuite):
         assert all(r.memory.provenance.run_id == "r-9" and r.memory.trust == 1.0 for r in results)
         assert len(store.search("alice", "Alice", k=10)) == 5
 
-    def test_search_filters_by_kind_tags_time_source_and_trust(
+    def test_search_filters_by_kind_tags_time_source_trust_and_session(
         self, make_store: MemoryStoreFactory, embedder: Embedder
     ) -> None:
         """Every filter narrows the results to exactly the memories that pass it, in both search modes."""
         clock = _Clock()
         store = make_store(embedder, clock=clock)
         a = store.remember(
-            "o", "tea fact", kind="semantic", tags=["x", "y"], provenance=Provenance("user_supplied")
+            "o",
+            "tea fact",
+            kind="semantic",
+            tags=["x", "y"],
+            provenance=Provenance("user_supplied", session_id="s1"),
         )
         clock.now += timedelta(days=1)
         b = store.remember(
-            "o", "tea episode", kind="episodic", tags=["x"], provenance=Provenance("agent_inferred")
+            "o",
+            "tea episode",
+            kind="episodic",
+            tags=["x"],
+            provenance=Provenance("agent_inferred", session_id="s2"),
         )
         clock.now += timedelta(days=1)
         c = store.remember("o", "tea howto", kind="procedural", provenance=Provenance("system_verified"))
@@ -176,6 +184,11 @@ class MemoryStoreSuite(ExactSuite):
         assert ids(min_trust=0.5) == {a.id, c.id}
         assert ids(kinds="semantic", mode="hybrid") == {a.id}
         assert ids(tags="y", mode="hybrid") == {a.id}
+        assert ids(sessions="s1") == {a.id}
+        assert ids(sessions=["s1", "s2"]) == {a.id, b.id}
+        assert ids(sessions="s2", mode="hybrid") == {b.id}
+        assert ids(sessions="s2", mode="text") == {b.id}
+        assert ids(sessions="s3") == set()
 
     def test_hybrid_search_fuses_vector_and_full_text_rankings(self, store: MemoryStore) -> None:
         """Hybrid search puts an exact rare keyword first; its scores are normalised, weighted sums."""
@@ -471,6 +484,8 @@ class MemoryStoreSuite(ExactSuite):
             (lambda s: s.search("o", "x", min_trust=2), "min_trust"),
             (lambda s: s.search("o", "x", kinds=["fact"]), "kinds"),
             (lambda s: s.search("o", "x", since=datetime(2020, 1, 1)), "since"),
+            (lambda s: s.search("o", "x", sessions=[""]), "sessions"),
+            (lambda s: s.search("o", "x", sessions=7), "sessions"),
             (lambda s: s.reembed(batch_size=0), "batch_size"),
         ],
     )
