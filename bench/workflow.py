@@ -282,6 +282,14 @@ def resume_floor(db: Database, run_id: str, journal: int) -> Callable[[], float]
         sa.select(versions.c.state).where(versions.c.run_id == run_id).order_by(versions.c.version.desc())
     )
     park = runs.update().where(runs.c.run_id == run_id).values(status="sleeping", lease_owner=None)
+    # every statement built once, as statekeep's hot paths are: no per-call statement building
+    latest_state = read_state.limit(1)
+    add_version, add_step = versions.insert(), steps.insert()
+    checkpoint = (
+        runs.update()
+        .where(runs.c.run_id == run_id)
+        .values(last_seq=runs.c.last_seq, updated_at=sa.bindparam("now", type_=runs.c.updated_at.type))
+    )
     seq = [10**8]
 
     def once() -> float:
@@ -294,13 +302,11 @@ def resume_floor(db: Database, run_id: str, journal: int) -> Callable[[], float]
             if journal:
                 conn.execute(read_journal).fetchall()
             else:
-                conn.execute(read_state.limit(1)).fetchone()
+                conn.execute(latest_state).fetchone()
         with db.begin() as conn:
-            conn.execute(versions.insert(), _version_row(run_id, seq[0], text, now))
-            conn.execute(steps.insert(), {**_step_row(run_id, seq[0], now), "seq": seq[0]})
-            conn.execute(
-                runs.update().where(runs.c.run_id == run_id).values(last_seq=runs.c.last_seq, updated_at=now)
-            )
+            conn.execute(add_version, _version_row(run_id, seq[0], text, now))
+            conn.execute(add_step, {**_step_row(run_id, seq[0], now), "seq": seq[0]})
+            conn.execute(checkpoint, {"now": now})
         with db.begin() as conn:
             conn.execute(park)
         return time.perf_counter() - t0

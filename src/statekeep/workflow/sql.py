@@ -24,6 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from statekeep._check import check_id, check_int
+from statekeep.db.types import UTCDateTime
 from statekeep.errors import (
     InvalidInputError,
     RunConflictError,
@@ -72,6 +73,33 @@ from statekeep.workflow.tables import runs, steps, tool_calls
 from statekeep.working.base import check_run_id
 
 _LIVE = [s.value for s in LIVE]
+# hot statements of a resume, built once; a plain bound comparison per live status, not an
+# expanding IN list (whose parameters are rendered on every call)
+_IS_LIVE = sa.or_(*(runs.c.status == s for s in _LIVE))
+_FIND = sa.select(runs).where(runs.c.run_id == sa.bindparam("rid"))
+_TAKE = (
+    runs.update()
+    .where(runs.c.run_id == sa.bindparam("rid"), _IS_LIVE)
+    .values(
+        status=RunStatus.RUNNING.value,
+        epoch=runs.c.epoch + 1,
+        lease_owner=sa.bindparam("holder"),
+        lease_expires_at=sa.bindparam("expires", type_=UTCDateTime),
+        # runnable_at stays set while running, so that the run is claimable once the lease lapses
+        runnable_at=sa.bindparam("now", type_=UTCDateTime),
+        updated_at=sa.bindparam("now", type_=UTCDateTime),
+        lease_parent_epoch=sa.bindparam("via", type_=sa.Integer),
+    )
+    .returning(*runs.c)
+)
+# a child taken through its parent: only a lapsed lease, or one held through the parent
+_TAKE_CHILD = _TAKE.where(
+    sa.or_(
+        runs.c.lease_expires_at.is_(None),
+        runs.c.lease_expires_at < sa.bindparam("now", type_=UTCDateTime),
+        runs.c.lease_parent_epoch.is_not(None),
+    )
+)
 _REPLAY = (
     sa.select(steps.c.seq, steps.c.name, steps.c.kind, steps.c.state_version, steps.c.output)
     .where(
@@ -114,7 +142,7 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
     def find(self, run_id: str) -> Run | None:
         check_run_id(run_id)
         with self.db.read() as conn:
-            row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).mappings().first()
+            row = conn.execute(_FIND, {"rid": run_id}).mappings().first()
         return None if row is None else run_record(row, self.keys)
 
     def list_runs(
@@ -289,21 +317,18 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
 
     def acquire(self, run_id: str, owner: str, lease: float, *, parent: Run | None = None) -> Run | None:
         stamp = now()
-        take = runs.update().where(runs.c.run_id == run_id, runs.c.status.in_(_LIVE))
-        if parent is not None:  # only a lapsed lease, or one held through the parent
-            take = take.where(
-                sa.or_(
-                    runs.c.lease_expires_at.is_(None),
-                    runs.c.lease_expires_at < stamp,
-                    runs.c.lease_parent_epoch.is_not(None),
-                )
-            )
-        via = None if parent is None else parent.epoch
-        values = {**_lease_values(owner, lease, stamp), "lease_parent_epoch": via}
+        take = _TAKE if parent is None else _TAKE_CHILD
+        params = {
+            "rid": run_id,
+            "holder": owner,
+            "expires": stamp + timedelta(seconds=lease),
+            "now": stamp,
+            "via": None if parent is None else parent.epoch,
+        }
         with self.db.begin() as conn:
             if parent is not None:
                 fence(conn, parent.run_id, parent.epoch)  # first: it locks the parent row
-            row = conn.execute(take.values(values).returning(*runs.c)).mappings().first()
+            row = conn.execute(take, params).mappings().first()
             if row is not None:  # taken: the run as the take left it
                 return run_record(row, self.keys)
             run = get_run(conn, run_id, self.keys)

@@ -88,6 +88,9 @@ def append(conn: Connection, record: StateVersion, expected: int | None) -> Stat
 
 
 _INSERT = versions.insert()
+_OF_RUN = sa.select(versions).where(versions.c.run_id == sa.bindparam("rid"))
+_LATEST = _OF_RUN.order_by(versions.c.version.desc()).limit(1)
+_VERSION = _OF_RUN.where(versions.c.version == sa.bindparam("v"))
 
 
 def append_after(conn: Connection, record: StateVersion, latest: int) -> int:
@@ -163,14 +166,11 @@ class SQLWorkingStateStore(WorkingStateStore):
         return dataclasses.replace(stored, state=self.keys.open(stored.state))
 
     def _get(self, run_id: str, version: int | None) -> StateVersion | None:
-        q = sa.select(versions).where(versions.c.run_id == run_id)
-        q = (
-            q.order_by(versions.c.version.desc()).limit(1)
-            if version is None
-            else q.where(versions.c.version == version)
+        q, params = (
+            (_LATEST, {"rid": run_id}) if version is None else (_VERSION, {"rid": run_id, "v": version})
         )
         with self.db.read() as conn:
-            row = conn.execute(q).first()
+            row = conn.execute(q, params).first()
         return None if row is None else _record(row, self.keys)
 
     def _list(self, run_id: str) -> list[StateVersion]:
