@@ -16,6 +16,7 @@ Results go to ``bench/results/workflow.json``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -341,9 +342,13 @@ def resume_latency(url: str, sizes: list[int], replay_sizes: list[int], rounds: 
     floors: dict[str, list[float]] = {k: [] for k in cases}
     for r in range(rounds + 2):  # two warm-up rounds, not counted
         for key, (subject, base) in cases.items():
+            # each side starts from a collected heap: otherwise the garbage one leaves (the floor's
+            # 100,000 fetched rows) triggers a full collection that the other is timed for
+            gc.collect()
             t0 = time.perf_counter()
             subject()
             took = time.perf_counter() - t0
+            gc.collect()
             based = base()
             if r >= 2:
                 times[key].append(took)
