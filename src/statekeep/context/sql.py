@@ -130,14 +130,8 @@ _BUMP = (
     .returning(sessions.c.last_seq, sessions.c.summary_seq, sessions.c.owner)
 )
 #: The same, only while no event of the session holds ``key``: the key check and the bump in one statement.
-_BUMP_UNLESS_KEY = (
-    sessions.update()
-    .where(
-        sessions.c.session_id == sa.bindparam("sid"),
-        ~sa.exists().where(events.c.session_id == sa.bindparam("sid"), events.c.key == sa.bindparam("key")),
-    )
-    .values(last_seq=sessions.c.last_seq + sa.bindparam("n", type_=sa.BigInteger))
-    .returning(sessions.c.last_seq, sessions.c.summary_seq, sessions.c.owner)
+_BUMP_UNLESS_KEY = _BUMP.where(
+    ~sa.exists().where(events.c.session_id == sa.bindparam("sid"), events.c.key == sa.bindparam("key"))
 )
 _INSERT_EVENTS = events.insert()
 

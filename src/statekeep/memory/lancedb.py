@@ -33,8 +33,6 @@ from statekeep.memory import _lance_layout, _lock, base
 from statekeep.memory._dedupe import identity
 from statekeep.memory._exact import nearest
 from statekeep.memory._lance_files import decode_folder as decode_folder  # re-exported: erasure checks
-from statekeep.memory._lance_layout import arrow_rows as _arrow
-from statekeep.memory._lance_layout import schema as _schema
 from statekeep.memory._owner_cache import OwnerCache, OwnerRows, narrows, owner_rows
 from statekeep.memory._rows import COLUMNS, from_row, to_us
 from statekeep.memory._types import Filters, Memory, SearchResult
@@ -180,7 +178,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             if "seq" not in table.schema.names:
                 table = self._upgrade(table)
             return table
-        table = self._db.create_table(TABLE, schema=_schema(self.embedder.dimension))
+        table = self._db.create_table(TABLE, schema=_lance_layout.schema(self.embedder.dimension))
         _fts_index(table)
         return table
 
@@ -198,7 +196,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         for rank, i in enumerate(sorted(range(old.num_rows), key=lambda i: (created[i], ids[i])), start=1):
             seq[i] = rank
         dimension = int(old.schema.field("vector").type.list_size)
-        schema = _schema(dimension)
+        schema = _lance_layout.schema(dimension)
         added = {
             "key": pa.nulls(old.num_rows, pa.string()),
             "dedupe_key": pa.array([identity(c, None) for c in contents], pa.string()),
@@ -242,7 +240,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         # the folder lock makes this store the only writer: its counter is the table's order
         memories = [replace(m, seq=self._next_seq + i) for i, m in enumerate(memories)]
         owner = memories[0].owner
-        self._table.add(_arrow(memories, vectors, vectors.shape[1]))
+        self._table.add(_lance_layout.arrow_rows(memories, vectors, vectors.shape[1]))
         self._cache.update(owner, lambda rows: rows.extended(memories, vectors))
         self._next_seq += len(memories)
         if owner in self._owner_rows:
@@ -457,15 +455,17 @@ class LanceDBMemoryStore(base.MemoryStore):
         by_id = {mid: vectors[i] for i, (_, mid) in enumerate(keys)}
         rows = [from_row(r) for r in self._rows(_in("id", list(by_id)), list(COLUMNS))]
         updated = [Memory(**{**_fields(m), "model": model}) for m in rows]
-        batch = _arrow(updated, np.stack([by_id[m.id] for m in rows]), vectors.shape[1])
+        batch = _lance_layout.arrow_rows(updated, np.stack([by_id[m.id] for m in rows]), vectors.shape[1])
         self._table.merge_insert("id").when_matched_update_all().execute(batch)
 
     def _resize(self, dimension: int) -> None:
         """Rewrite the table for vectors of another length; every memory becomes stale ('' model)."""
         rows = [from_row(r) for r in self._rows("true", list(COLUMNS))]
         stale = [Memory(**{**_fields(m), "model": ""}) for m in rows]
-        data = _arrow(stale, np.zeros((len(stale), dimension), dtype=np.float32), dimension)
-        self._table = self._db.create_table(TABLE, data=data, schema=_schema(dimension), mode="overwrite")
+        data = _lance_layout.arrow_rows(stale, np.zeros((len(stale), dimension), dtype=np.float32), dimension)
+        self._table = self._db.create_table(
+            TABLE, data=data, schema=_lance_layout.schema(dimension), mode="overwrite"
+        )
         self._cache.drop()
         self._dim = dimension
         self._indexed = False

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -77,21 +77,18 @@ _LIVE = [s.value for s in LIVE]
 # expanding IN list (whose parameters are rendered on every call)
 _IS_LIVE = sa.or_(*(runs.c.status == s for s in _LIVE))
 _FIND = sa.select(runs).where(runs.c.run_id == sa.bindparam("rid"))
-_TAKE = (
-    runs.update()
-    .where(runs.c.run_id == sa.bindparam("rid"), _IS_LIVE)
-    .values(
-        status=RunStatus.RUNNING.value,
-        epoch=runs.c.epoch + 1,
-        lease_owner=sa.bindparam("holder"),
-        lease_expires_at=sa.bindparam("expires", type_=UTCDateTime),
-        # runnable_at stays set while running, so that the run is claimable once the lease lapses
-        runnable_at=sa.bindparam("now", type_=UTCDateTime),
-        updated_at=sa.bindparam("now", type_=UTCDateTime),
-        lease_parent_epoch=sa.bindparam("via", type_=sa.Integer),
-    )
-    .returning(*runs.c)
-)
+#: What taking a lease writes (values bound by :func:`_lease_params`). runnable_at stays set while
+#: running, so that the run is claimable once the lease lapses.
+_LEASE = {
+    "status": RunStatus.RUNNING.value,
+    "epoch": runs.c.epoch + 1,
+    "lease_owner": sa.bindparam("holder"),
+    "lease_expires_at": sa.bindparam("expires", type_=UTCDateTime),
+    "runnable_at": sa.bindparam("now", type_=UTCDateTime),
+    "updated_at": sa.bindparam("now", type_=UTCDateTime),
+    "lease_parent_epoch": sa.bindparam("via", type_=sa.Integer),
+}
+_TAKE = runs.update().where(runs.c.run_id == sa.bindparam("rid"), _IS_LIVE).values(_LEASE).returning(*runs.c)
 # a child taken through its parent: only a lapsed lease, or one held through the parent
 _TAKE_CHILD = _TAKE.where(
     sa.or_(
@@ -316,15 +313,8 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
     # --- leases ---------------------------------------------------------------------------
 
     def acquire(self, run_id: str, owner: str, lease: float, *, parent: Run | None = None) -> Run | None:
-        stamp = now()
         take = _TAKE if parent is None else _TAKE_CHILD
-        params = {
-            "rid": run_id,
-            "holder": owner,
-            "expires": stamp + timedelta(seconds=lease),
-            "now": stamp,
-            "via": None if parent is None else parent.epoch,
-        }
+        params = {"rid": run_id, **_lease_params(owner, lease, None if parent is None else parent.epoch)}
         with self.db.begin() as conn:
             if parent is not None:
                 fence(conn, parent.run_id, parent.epoch)  # first: it locks the parent row
@@ -355,9 +345,7 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
             if not ids:
                 return []
             conn.execute(
-                runs.update()
-                .where(runs.c.run_id.in_(ids))
-                .values({**_lease_values(owner, lease, stamp), "lease_parent_epoch": None})
+                runs.update().where(runs.c.run_id.in_(ids)).values(_LEASE), _lease_params(owner, lease, None)
             )
             rows = conn.execute(sa.select(runs).where(runs.c.run_id.in_(ids))).mappings()
             return [run_record(r, self.keys) for r in rows]
@@ -434,13 +422,7 @@ def _contains(text: str) -> sa.ColumnElement[bool]:
     return sa.or_(*clauses)
 
 
-def _lease_values(owner: str, lease: float, stamp: datetime) -> dict[str, Any]:
-    # runnable_at stays set while running, so that the run is claimable once the lease lapses
-    return {
-        "status": RunStatus.RUNNING.value,
-        "epoch": runs.c.epoch + 1,
-        "lease_owner": owner,
-        "lease_expires_at": stamp + timedelta(seconds=lease),
-        "runnable_at": stamp,
-        "updated_at": stamp,
-    }
+def _lease_params(owner: str, lease: float, via: int | None) -> dict[str, Any]:
+    """The values :data:`_LEASE` binds: a lease of ``lease`` seconds for ``owner`` from now."""
+    stamp = now()
+    return {"holder": owner, "expires": stamp + timedelta(seconds=lease), "now": stamp, "via": via}

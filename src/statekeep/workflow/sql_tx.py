@@ -102,7 +102,10 @@ class SQLRunWrite(RunWrite):
 
     def close(self) -> None:
         """Before the commit: write a version no checkpoint took; fence a transaction that wrote nothing."""
-        conn = self.conn
+        self._write_version(self.conn)
+
+    def _write_version(self, conn: Connection) -> None:
+        """Insert the state version :meth:`save_state` staged, if any (the transaction is fenced)."""
         if self._version is not None:
             working_sql.append_after(conn, *self._version)
             self._version = None
@@ -126,9 +129,7 @@ class SQLRunWrite(RunWrite):
         ):
             raise LeaseLostError(step.run_id, self.run.epoch)
         self._fenced = True
-        if self._version is not None:
-            working_sql.append_after(self._conn, *self._version)
-            self._version = None
+        self._write_version(self._conn)
         row = {k: getattr(step, k) for k in StepRecord.__slots__}
         row["output"] = self._seal(step.output)
         self._conn.execute(_INSERT_STEP, row)
