@@ -203,6 +203,7 @@ class LogEntry:
     tokens: int
     counter: str
     _message: Message | None = field(default=None, init=False, repr=False, compare=False)
+    _call_ids: tuple[str, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def message(self) -> Message:
@@ -229,9 +230,13 @@ class LogEntry:
             raise InvalidInputError(f"event {self.seq} is a {self.kind}, not a marker", field="kind")
         return Marker.from_json(self.payload)
 
-    def call_ids(self) -> list[str]:
+    def call_ids(self) -> tuple[str, ...]:
         """The ids of the tool calls a ``tool_call`` event carries (without building the message)."""
-        return [c["id"] for c in self.payload.get("tool_calls") or ()]
+        ids = self._call_ids
+        if ids is None:
+            ids = tuple(c["id"] for c in self.payload.get("tool_calls") or ())
+            object.__setattr__(self, "_call_ids", ids)
+        return ids
 
     def payload_json(self) -> str:
         """The payload as canonical JSON text (sorted keys), as stored and hashed."""

@@ -230,14 +230,19 @@ def _drop_summary(sections: _Sections) -> None:
 
 
 def _tokens_of(counter: TokenCounter) -> TokensOf:
+    name = counter.name
+
     def tokens_of(event: LogEntry) -> int:
-        if event.kind not in MESSAGE_KINDS:
+        if event.kind not in _MESSAGES:
             return 0
-        if event.counter == counter.name:
+        if event.counter == name:
             return event.tokens
         return message_tokens(counter, event.message)
 
     return tokens_of
+
+
+_MESSAGES = frozenset(MESSAGE_KINDS)
 
 
 def _read_tail(
@@ -265,13 +270,20 @@ def _read_tail(
         limit = min(PAGE_MAX, PAGE_MIN + int(1.25 * (room - total) / per_event))
         page = view.tail(session_id, after=floor, before=before, limit=limit)
         for event in page:
-            if event.kind == MARKER:
+            kind = event.kind
+            if kind == MARKER:
                 marker = event.seq
                 break
             events.append(event)
             tokens = tokens_of(event)
             seen += tokens
-            total += _opened(event, tokens, waiting)
+            if kind == TOOL_RESULT:  # counts once its call is read
+                call_id = str(event.payload.get("tool_call_id"))
+                waiting[call_id] = waiting.get(call_id, 0) + tokens
+                continue
+            if kind == TOOL_CALL:
+                tokens += sum([waiting.pop(i, 0) for i in event.call_ids()])
+            total += tokens
             if total > room:
                 break
         complete = len(page) < limit or marker is not None
@@ -283,17 +295,6 @@ def _read_tail(
 
 #: Bounds of one page of the tail read (rows).
 PAGE_MIN, PAGE_MAX = 16, 4096
-
-
-def _opened(event: LogEntry, tokens: int, waiting: dict[str, int]) -> int:
-    """Tokens that reading ``event`` (newest first, costing ``tokens``) adds to the units it opens."""
-    if event.kind == TOOL_RESULT:
-        call_id = str(event.payload.get("tool_call_id"))
-        waiting[call_id] = waiting.get(call_id, 0) + tokens
-        return 0
-    if event.kind == TOOL_CALL:
-        return tokens + sum(waiting.pop(i, 0) for i in event.call_ids())
-    return tokens
 
 
 def _needs_compaction(

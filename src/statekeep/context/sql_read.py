@@ -112,15 +112,16 @@ class EntryCache:
     def entries(self, session_id: str, rows: Sequence[Any]) -> list[LogEntry]:
         """Rows of ``(seq, kind, payload, tokens, counter)`` as entries, decoding only what is new."""
         cached = self._rows
+        get = cached.get
         out: list[LogEntry | None] = []
         missed: list[int] = []
-        for i, r in enumerate(rows):
-            hit = cached.get((session_id, r[0]))
-            if hit is not None and hit[0] == (r[1], r[2], r[3], r[4]):
+        for seq, kind, payload, tokens, counter in rows:
+            hit = get((session_id, seq))
+            if hit is not None and hit[0] == (kind, payload, tokens, counter):
                 out.append(hit[1])
             else:
+                missed.append(len(out))
                 out.append(None)
-                missed.append(i)
         if missed:
             fresh = [rows[i] for i in missed]
             chars = sum(len(r[2]) for r in fresh)

@@ -18,9 +18,13 @@ TokensOf = Callable[[LogEntry], int]
 Recount = Callable[[Message], int]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Unit:
-    """Messages kept or dropped together; ``seq`` is the event that opens the unit."""
+    """Messages kept or dropped together; ``seq`` is the event that opens the unit.
+
+    Read-only by convention: not frozen, because a 128k window makes thousands
+    of them per build and a frozen dataclass costs three times as much to create.
+    """
 
     seq: int
     messages: tuple[Message, ...]
@@ -72,18 +76,19 @@ def _slots(events: Sequence[LogEntry]) -> tuple[list[LogEntry | _Turn], int]:
     open_calls: dict[str, _Turn] = {}
     dropped = 0
     for event in events:
-        if event.kind not in MESSAGE_KINDS:  # summaries and markers are no messages
-            continue
-        if event.kind == TOOL_RESULT:
+        kind = event.kind
+        if kind == TOOL_RESULT:
             dropped += not _attach(open_calls, event)
-            continue
-        if event.kind == TOOL_CALL:
+        elif kind == TOOL_CALL:
             turn = _Turn(event, {})
-            open_calls.update((i, turn) for i in event.call_ids())
+            open_calls.update(dict.fromkeys(event.call_ids(), turn))
             slots.append(turn)
-            continue
-        slots.append(event)
+        elif kind in _MESSAGES:  # summaries and markers are no messages
+            slots.append(event)
     return slots, dropped
+
+
+_MESSAGES = frozenset(MESSAGE_KINDS)
 
 
 def _attach(open_calls: dict[str, _Turn], event: LogEntry) -> bool:
@@ -96,20 +101,20 @@ def _attach(open_calls: dict[str, _Turn], event: LogEntry) -> bool:
 
 
 def _unit(slot: LogEntry | _Turn, tokens_of: TokensOf, recount: Recount) -> tuple[Unit | None, int]:
-    if isinstance(slot, LogEntry):
+    if not isinstance(slot, _Turn):
         return Unit(slot.seq, (slot.message,), tokens_of(slot), 1), 0
-    call = slot.call.message
-    ids = [c.id for c in call.tool_calls]
-    if all(i in slot.results for i in ids):
-        results = [slot.results[i] for i in ids]
-        messages = (call, *(r.message for r in results))
-        tokens = tokens_of(slot.call) + sum(tokens_of(r) for r in results)
-        return Unit(slot.call.seq, messages, tokens, 1 + len(results)), 0
-    lost = _lost(slot)
-    if not call.content:
-        return None, lost
-    text = call.without_tool_calls()
-    return Unit(slot.call.seq, (text,), recount(text), 1), lost
+    call, results = slot.call, slot.results
+    message = call.message
+    try:
+        found = [results[c.id] for c in message.tool_calls]
+    except KeyError:  # interrupted: not every call has its result
+        lost = _lost(slot)
+        if not message.content:
+            return None, lost
+        text = message.without_tool_calls()
+        return Unit(call.seq, (text,), recount(text), 1), lost
+    tokens = tokens_of(call) + sum(map(tokens_of, found))
+    return Unit(call.seq, (message, *[r.message for r in found]), tokens, 1 + len(found)), 0
 
 
 def _lost(slot: LogEntry | _Turn) -> int:
@@ -130,10 +135,15 @@ def select_window(events: Sequence[LogEntry], budget: int, tokens_of: TokensOf, 
     total = 0
     oversized = None
     for k in range(len(slots) - 1, -1, -1):
-        unit, lost = _unit(slots[k], tokens_of, recount)
-        dropped += lost
-        if unit is None:
-            continue
+        slot = slots[k]
+        if isinstance(slot, _Turn):
+            turn, lost = _unit(slot, tokens_of, recount)
+            dropped += lost
+            if turn is None:
+                continue
+            unit = turn
+        else:  # one plain message: the common case, built inline
+            unit = Unit(slot.seq, (slot.message,), tokens_of(slot), 1)
         if total + unit.tokens > budget:
             oversized = unit.seq if unit.tokens > budget else None
             dropped += sum(_lost(s) for s in slots[:k])  # older slots are not built at all
@@ -153,31 +163,36 @@ def enforce_pairing(messages: Sequence[Message]) -> tuple[list[Message], int]:
     """
     out: list[Message] = []
     removed = 0
+    n = len(messages)
     i = 0
-    while i < len(messages):
+    while i < n:
         message = messages[i]
-        j = i + 1
-        if message.role == "assistant" and message.tool_calls:
-            while j < len(messages) and messages[j].role == "tool":
-                j += 1
-            block = messages[i:j]
-            if _paired(message, block[1:]):
-                out.extend(block)
-            else:
-                removed += len(block) - bool(message.content)
-                out.extend([message.without_tool_calls()] if message.content else [])
-        elif message.role == "tool":
+        i += 1
+        if message.role == "tool":
             removed += 1
-        else:
+        elif message.role != "assistant" or not message.tool_calls:
             out.append(message)
-        i = j
+        else:
+            j = i
+            while j < n and messages[j].role == "tool":
+                j += 1
+            results = messages[i:j]
+            if _paired(message, results):
+                out.append(message)
+                out.extend(results)
+            else:
+                removed += len(results) + 1 - bool(message.content)
+                out.extend([message.without_tool_calls()] if message.content else [])
+            i = j
     return out, removed
 
 
 def _paired(call: Message, results: Sequence[Message]) -> bool:
     ids = [c.id for c in call.tool_calls]
     got = [r.tool_call_id for r in results]
-    return len(set(ids)) == len(ids) and sorted(ids) == sorted(x or "" for x in got)
+    if len(set(ids)) != len(ids):
+        return False
+    return got == ids or sorted(ids) == sorted(x or "" for x in got)
 
 
 def is_well_paired(messages: Sequence[Message]) -> bool:
