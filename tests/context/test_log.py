@@ -26,7 +26,7 @@ from statekeep.context import (
     ToolCall,
     message_tokens,
 )
-from statekeep.context.sql import events
+from statekeep.context.sql import events, sessions
 from statekeep.db import Database
 from statekeep.errors import InvalidInputError, SealedDataError, StatekeepError, StorageError
 from statekeep.working import SQLWorkingStateStore
@@ -144,23 +144,71 @@ def test_a_corrupt_stored_payload_is_a_storage_error_not_a_shifted_window(sql_ur
         store.db.dispose()
 
 
-def test_a_build_reuses_decoded_entries_only_while_the_row_is_unchanged(sql_url: str) -> None:
-    """Consecutive builds reuse what they decoded; a row rewritten under the same seq is read afresh."""
-    store = SQLContextStore(sql_url, counter=CharCounter(1))
+def test_a_build_reuses_decoded_entries_and_reads_a_session_started_again_afresh(sql_url: str) -> None:
+    """Consecutive builds reuse what they decoded; a session erased and started again is read afresh.
+
+    The other store object is on its own Database, as in another process: its
+    erasure does not empty this store's cache, the new incarnation does.
+    """
+    store, other = SQLContextStore(sql_url, counter=CharCounter(1)), SQLContextStore(sql_url)
     try:
-        store.extend("s", [Message.user(f"message {i}") for i in range(20)])
+        store.extend("s", [Message.user(f"message {i}") for i in range(20)], owner="alice")
         first = store.build("s", 1000, compact=False)
         again = store.build("s", 1000, compact=False)
         assert again.messages == first.messages
         assert all(a is b for a, b in zip(again.messages, first.messages, strict=True))  # not rebuilt
-        with store.db.begin() as conn:  # same seq, same length, new text and counter
-            new = '{"content":"massage 7","role":"user"}'
-            conn.execute(sa.update(events).where(events.c.seq == 8).values(payload=new, counter="other"))
+        other.delete_owner("alice")
+        texts = [f"massage {i}" if i == 7 else f"message {i}" for i in range(20)]  # same kinds and tokens
+        store.extend("s", [Message.user(t) for t in texts], owner="alice")  # written by the other process
         rebuilt = store.build("s", 1000, compact=False)
-        assert [m.content for m in rebuilt.messages][7] == "massage 7"
-        assert rebuilt.messages[6] is first.messages[6]
+        assert [m.content for m in rebuilt.messages] == texts
     finally:
         store.db.dispose()
+        other.db.dispose()
+
+
+def test_a_build_reads_again_what_the_cache_lost_after_telling_the_read_it_held_it(sql_url: str) -> None:
+    """Rows read by seq only (the cache held them) are read whole when the cache was emptied meanwhile."""
+    store = SQLContextStore(sql_url, counter=CharCounter(1))
+    try:
+        store.extend("s", [Message.user(f"message {i}") for i in range(20)])
+        first = store.build("s", 1000, compact=False)
+        assert store._entry_cache.span("s", _incarnation(store, "s")) == (1, 20)
+        store._entry_cache._rows.clear()  # another thread emptied it between the span and the read
+        again = store.build("s", 1000, compact=False)
+        assert again.messages == first.messages
+        assert all(a is not b for a, b in zip(again.messages, first.messages, strict=True))  # decoded again
+    finally:
+        store.db.dispose()
+
+
+def test_erasing_an_owner_drops_their_decoded_entries_from_every_store_object_on_the_database(
+    sql_url: str,
+) -> None:
+    """After delete_owner, no decoded entry (nor cached stretch) of the owner's sessions is in memory."""
+    db = Database(sql_url)
+    store, worker = SQLContextStore(db, counter=CharCounter(1)), SQLContextStore(db, counter=CharCounter(1))
+    try:
+        store.extend("s", [Message.user(f"secret {i}") for i in range(10)], owner="alice")
+        store.extend("t", [Message.user("kept")], owner="bob")
+        worker.build("s", 1000, compact=False)
+        worker.build("t", 1000, compact=False)
+        store.delete_owner("alice")
+        cache = worker._entry_cache
+        assert {sid for sid, _ in cache._rows} == {"t"}
+        assert "s" not in cache._spans
+        assert worker.build("s", 1000, compact=False).messages == ()
+        store.extend("s", [Message.user("new owner")], owner="carol")
+        assert [m.content for m in worker.build("s", 1000, compact=False).messages] == ["new owner"]
+    finally:
+        db.dispose()
+
+
+def _incarnation(store: SQLContextStore, session_id: str) -> int | None:
+    with store.db.read() as conn:
+        q = sa.select(sessions.c.incarnation).where(sessions.c.session_id == session_id)
+        value: int | None = conn.execute(q).scalar_one()
+        return value
 
 
 def test_the_entry_cache_is_bounded() -> None:

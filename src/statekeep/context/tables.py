@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -21,6 +23,10 @@ sessions = sa.Table(
     sa.Column("pruned_to", sa.BigInteger, nullable=False, server_default="0"),
     # NULL: created without an owner (or before owners were recorded) and not claimed since
     sa.Column("owner", sa.String(255), nullable=True),
+    # Random, set when the row is inserted: a session erased and started again under the same
+    # id gets another, so entries decoded from the old one are never taken for the new one's.
+    # NULL for sessions created before migration 4 (one incarnation each: a new row gets one).
+    sa.Column("incarnation", sa.BigInteger, nullable=True, default=lambda: secrets.randbits(62)),
 )
 sa.Index("context_sessions_owner", sessions.c.owner)
 
@@ -48,21 +54,34 @@ sa.Index(
 )
 
 
-def _add_session_owner(conn: Connection) -> None:
-    # Version 1 had no owner column. Tables created since (by migration 1, from the
-    # current metadata) already have it, hence the check. Existing sessions stay
-    # unowned (NULL): the context store does not know runs, so the first write with
-    # an owner, or claim(), records one (the runtime claims a session it finds
-    # unowned for the owner of the session's first run, see Runtime.claim_session).
+def _add_session_column(conn: Connection, column: sa.Column[object]) -> None:
+    """Add a nullable column of ``context_sessions`` unless the table has it.
+
+    Tables created after the migration that adds it (by migration 1, from the
+    current metadata) already have it, hence the check.
+    """
     schema = conn.get_execution_options().get("schema_translate_map", {}).get(SCHEMA, SCHEMA)
     columns = {c["name"] for c in sa.inspect(conn).get_columns(sessions.name, schema=schema)}
-    if "owner" not in columns:
+    if column.name not in columns:
         quote = conn.dialect.identifier_preparer.quote
         table = f"{quote(schema)}.{quote(sessions.name)}" if schema else quote(sessions.name)
-        kind = sessions.c.owner.type.compile(dialect=conn.dialect)
-        conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN owner {kind}"))
+        kind = column.type.compile(dialect=conn.dialect)
+        conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN {quote(column.name)} {kind}"))
+
+
+def _add_session_owner(conn: Connection) -> None:
+    # Version 1 had no owner column. Existing sessions stay unowned (NULL): the
+    # context store does not know runs, so the first write with an owner, or
+    # claim(), records one (the runtime claims a session it finds unowned for the
+    # owner of the session's first run, see Runtime.claim_session).
+    _add_session_column(conn, sessions.c.owner)
     for index in sessions.indexes:
         index.create(conn, checkfirst=True)
+
+
+def _add_session_incarnation(conn: Connection) -> None:
+    # Existing sessions keep NULL: each of them is one incarnation until erased.
+    _add_session_column(conn, sessions.c.incarnation)
 
 
 def _no_statistics(conn: Connection) -> None:
@@ -79,6 +98,9 @@ MIGRATIONS = [
     ),
     Migration(2, "context_sessions.owner: a session belongs to one owner", _add_session_owner),
     Migration(3, "no statistics on payloads and owners (PostgreSQL)", _no_statistics),
+    Migration(
+        4, "context_sessions.incarnation: a session started again is told apart", _add_session_incarnation
+    ),
 ]
 
 
