@@ -204,6 +204,8 @@ class LogEntry:
     counter: str
     _message: Message | None = field(default=None, init=False, repr=False, compare=False)
     _call_ids: tuple[str, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    #: the window unit this entry opened in the last build (``window.py``), reused while it still fits
+    _window_unit: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def message(self) -> Message:

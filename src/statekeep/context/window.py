@@ -18,13 +18,9 @@ TokensOf = Callable[[LogEntry], int]
 Recount = Callable[[Message], int]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Unit:
-    """Messages kept or dropped together; ``seq`` is the event that opens the unit.
-
-    Read-only by convention: not frozen, because a 128k window makes thousands
-    of them per build and a frozen dataclass costs three times as much to create.
-    """
+    """Messages kept or dropped together; ``seq`` is the event that opens the unit."""
 
     seq: int
     messages: tuple[Message, ...]
@@ -102,11 +98,11 @@ def _attach(open_calls: dict[str, _Turn], event: LogEntry) -> bool:
 
 def _unit(slot: LogEntry | _Turn, tokens_of: TokensOf, recount: Recount) -> tuple[Unit | None, int]:
     if not isinstance(slot, _Turn):
-        return Unit(slot.seq, (slot.message,), tokens_of(slot), 1), 0
+        return _single(slot, tokens_of(slot)), 0
     call, results = slot.call, slot.results
     message = call.message
     try:
-        found = [results[c.id] for c in message.tool_calls]
+        found = tuple([results[c.id] for c in message.tool_calls])
     except KeyError:  # interrupted: not every call has its result
         lost = _lost(slot)
         if not message.content:
@@ -114,7 +110,21 @@ def _unit(slot: LogEntry | _Turn, tokens_of: TokensOf, recount: Recount) -> tupl
         text = message.without_tool_calls()
         return Unit(call.seq, (text,), recount(text), 1), lost
     tokens = tokens_of(call) + sum(map(tokens_of, found))
-    return Unit(call.seq, (message, *[r.message for r in found]), tokens, 1 + len(found)), 0
+    held = call._window_unit  # a cached entry's turn, built again only if its results are other entries
+    if type(held) is tuple and held[0] == found and held[1].tokens == tokens:
+        return held[1], 0
+    unit = Unit(call.seq, (message, *[r.message for r in found]), tokens, 1 + len(found))
+    object.__setattr__(call, "_window_unit", (found, unit))
+    return unit, 0
+
+
+def _single(entry: LogEntry, tokens: int) -> Unit:
+    """The unit of one plain message: built once per entry (entries and their messages are immutable)."""
+    unit = entry._window_unit
+    if type(unit) is not Unit or unit.tokens != tokens:
+        unit = Unit(entry.seq, (entry.message,), tokens, 1)
+        object.__setattr__(entry, "_window_unit", unit)
+    return unit
 
 
 def _lost(slot: LogEntry | _Turn) -> int:
@@ -142,8 +152,8 @@ def select_window(events: Sequence[LogEntry], budget: int, tokens_of: TokensOf, 
             if turn is None:
                 continue
             unit = turn
-        else:  # one plain message: the common case, built inline
-            unit = Unit(slot.seq, (slot.message,), tokens_of(slot), 1)
+        else:  # one plain message: the common case, without the call
+            unit = _single(slot, tokens_of(slot))
         if total + unit.tokens > budget:
             oversized = unit.seq if unit.tokens > budget else None
             dropped += sum(_lost(s) for s in slots[:k])  # older slots are not built at all
