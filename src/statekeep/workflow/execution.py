@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -239,7 +238,7 @@ class Execution:
         if version is not None and staged is not None:  # only read again after this transaction commits
             self._latest = self._state_at = version
             self._committed = (version, staged[1])
-        return json.loads(output)
+        return codec.loads(output)
 
     def commit(
         self,
