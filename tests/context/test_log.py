@@ -27,6 +27,7 @@ from statekeep.context import (
     message_tokens,
 )
 from statekeep.context.sql import events, sessions
+from statekeep.context.window import is_well_paired
 from statekeep.db import Database
 from statekeep.errors import InvalidInputError, SealedDataError, StatekeepError, StorageError
 from statekeep.working import SQLWorkingStateStore
@@ -140,6 +141,33 @@ def test_a_corrupt_stored_payload_is_a_storage_error_not_a_shifted_window(sql_ur
         with store.db.begin() as conn:
             conn.execute(sa.update(events).where(events.c.seq == 2).values(payload=fixed))
         assert [m.content for m in store.build("s", 1000).messages] == ["one", "2", "three"]
+    finally:
+        store.db.dispose()
+
+
+def test_a_stored_message_whose_payload_contradicts_its_kind_still_never_orphans_a_result(
+    sql_url: str,
+) -> None:
+    """Units that fail the pairing check alone send the whole window through it (a tampered row)."""
+    store = SQLContextStore(sql_url, counter=CharCounter(1))
+    try:
+        calls = [ToolCall("c1", "search", {"q": "x"})]
+        store.extend(
+            "s",
+            [
+                Message.user("find x"),
+                Message.assistant("", tool_calls=calls),
+                Message.tool_result("c1", "found"),
+                Message.user("thanks"),
+            ],
+        )
+        forged = '{"content":"forged","role":"tool","tool_call_id":"c1"}'  # stored as a user message
+        with store.db.begin() as conn:
+            conn.execute(sa.update(events).where(events.c.seq == 4).values(payload=forged))
+        built = store.build("s", 1000, compact=False)
+        assert is_well_paired(built.messages)
+        assert [m.content for m in built.messages] == ["find x"]  # the call's block, forged result and all
+        assert built.report.orphans_dropped == 3
     finally:
         store.db.dispose()
 

@@ -29,7 +29,7 @@ from statekeep.context._types import (
 )
 from statekeep.context.render import render_pinned, render_summary, to_anthropic, to_openai
 from statekeep.context.tokens import REPLY_OVERHEAD, TokenCounter, message_tokens, text_tokens
-from statekeep.context.window import TokensOf, Window, enforce_pairing, select_window
+from statekeep.context.window import TokensOf, Window, select_window, window_messages
 from statekeep.errors import (
     ContextBudgetError,
     EventsPrunedError,
@@ -335,7 +335,7 @@ def _mark(built: BuiltContext, done: bool, error: str | None) -> BuiltContext:
 def _assemble(
     sections: _Sections, window: Window, head: Head, budget: int, counter: TokenCounter
 ) -> BuiltContext:
-    messages, removed = enforce_pairing([*sections.messages, *window.messages])
+    messages, removed = window_messages(sections.messages, window)
     t = sections.tokens
     report = ContextReport(
         budget=budget,

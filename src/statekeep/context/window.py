@@ -10,7 +10,7 @@ only its text, if any; a result whose call is not in the tail is dropped.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from statekeep.context._types import MESSAGE_KINDS, TOOL_CALL, TOOL_RESULT, LogEntry, Message
 
@@ -20,12 +20,22 @@ Recount = Callable[[Message], int]
 
 @dataclass(frozen=True, slots=True)
 class Unit:
-    """Messages kept or dropped together; ``seq`` is the event that opens the unit."""
+    """Messages kept or dropped together; ``seq`` is the event that opens the unit.
+
+    ``paired``: :func:`enforce_pairing` returns the messages unchanged (then it
+    also does for any run of such units: each starts a block of its own).
+    """
 
     seq: int
     messages: tuple[Message, ...]
     tokens: int
     events: int
+    paired: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        out, _ = enforce_pairing(self.messages)
+        same = len(out) == len(self.messages) and all(a is b for a, b in zip(out, self.messages, strict=True))
+        object.__setattr__(self, "paired", same)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +172,18 @@ def select_window(events: Sequence[LogEntry], budget: int, tokens_of: TokensOf, 
         total += unit.tokens
     chosen.reverse()
     return Window(tuple(chosen), total, dropped, oversized)
+
+
+def window_messages(head: Sequence[Message], window: Window) -> tuple[list[Message], int]:
+    """:func:`enforce_pairing` of ``head`` (system messages) and the window's messages.
+
+    The pass over every message is skipped when each unit passed it alone (as
+    units are built): it would return them unchanged.
+    """
+    messages = [*head, *window.messages]
+    if all(m.role == "system" and not m.tool_calls for m in head) and all(u.paired for u in window.units):
+        return messages, 0
+    return enforce_pairing(messages)
 
 
 def enforce_pairing(messages: Sequence[Message]) -> tuple[list[Message], int]:
