@@ -108,7 +108,7 @@ def _attach(open_calls: dict[str, _Turn], event: LogEntry) -> bool:
 
 def _unit(slot: LogEntry | _Turn, tokens_of: TokensOf, recount: Recount) -> tuple[Unit | None, int]:
     if not isinstance(slot, _Turn):
-        return _single(slot, tokens_of(slot)), 0
+        return _single(slot, tokens_of), 0
     call, results = slot.call, slot.results
     message = call.message
     try:
@@ -119,21 +119,23 @@ def _unit(slot: LogEntry | _Turn, tokens_of: TokensOf, recount: Recount) -> tupl
             return None, lost
         text = message.without_tool_calls()
         return Unit(call.seq, (text,), recount(text), 1), lost
-    tokens = tokens_of(call) + sum(map(tokens_of, found))
     held = call._window_unit  # a cached entry's turn, built again only if its results are other entries
-    if type(held) is tuple and held[0] == found and held[1].tokens == tokens:
-        return held[1], 0
+    if type(held) is tuple and held[0] is tokens_of and held[1] == found:
+        return held[2], 0
+    tokens = tokens_of(call) + sum(map(tokens_of, found))
     unit = Unit(call.seq, (message, *[r.message for r in found]), tokens, 1 + len(found))
-    object.__setattr__(call, "_window_unit", (found, unit))
+    object.__setattr__(call, "_window_unit", (tokens_of, found, unit))
     return unit, 0
 
 
-def _single(entry: LogEntry, tokens: int) -> Unit:
-    """The unit of one plain message: built once per entry (entries and their messages are immutable)."""
-    unit = entry._window_unit
-    if type(unit) is not Unit or unit.tokens != tokens:
-        unit = Unit(entry.seq, (entry.message,), tokens, 1)
-        object.__setattr__(entry, "_window_unit", unit)
+def _single(entry: LogEntry, tokens_of: TokensOf) -> Unit:
+    """The unit of one plain message: built once per entry and ``tokens_of`` (both are immutable)."""
+    held = entry._window_unit
+    if type(held) is tuple and held[0] is tokens_of:
+        unit: Unit = held[1]
+        return unit
+    unit = Unit(entry.seq, (entry.message,), tokens_of(entry), 1)
+    object.__setattr__(entry, "_window_unit", (tokens_of, unit))
     return unit
 
 
@@ -149,6 +151,8 @@ def select_window(events: Sequence[LogEntry], budget: int, tokens_of: TokensOf, 
 
     Units are taken newest first and selection stops at the first unit that
     does not fit, so the window is always a contiguous recent stretch.
+    ``tokens_of`` must be a pure function of the event: an entry keeps the
+    unit it opened, with the function that counted it, for the next call.
     """
     slots, dropped = _slots(events)
     chosen: list[Unit] = []
@@ -163,7 +167,7 @@ def select_window(events: Sequence[LogEntry], budget: int, tokens_of: TokensOf, 
                 continue
             unit = turn
         else:  # one plain message: the common case, without the call
-            unit = _single(slot, tokens_of(slot))
+            unit = _single(slot, tokens_of)
         if total + unit.tokens > budget:
             oversized = unit.seq if unit.tokens > budget else None
             dropped += sum(_lost(s) for s in slots[:k])  # older slots are not built at all
