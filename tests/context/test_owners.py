@@ -159,7 +159,8 @@ def test_context_2_upgrades_a_version_1_database_whose_sessions_stay_unowned_unt
         assert [m.content for m in store.build("s", 4000).messages] == ["My PIN is 4711.", "Still me."]
         store.append("new", Message.user("hi"))
         with db.read() as conn:  # migration 4: old sessions have no incarnation, new ones get one
-            rows = dict(conn.execute(sa.select(context_sql.sessions.c["session_id", "incarnation"])).all())
+            q = sa.select(context_sql.sessions.c.session_id, context_sql.sessions.c.incarnation)
+            rows: dict[str, int | None] = {str(r[0]): r[1] for r in conn.execute(q)}
         assert rows["s"] is None
         assert rows["new"] is not None
         context_sql.setup(db)  # a second upgrade is a no-op
