@@ -25,7 +25,6 @@ Results go to ``bench/results/context.json``.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import statistics
@@ -125,10 +124,7 @@ def timed(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, dict[s
     """p50 and p99 in milliseconds of each of ``fns``, after two warm-up calls each.
 
     The functions take turns, one call each per round, so a noisy stretch of
-    the machine lands on all of them alike and their ratios stay fair. Each
-    call starts from a collected heap: otherwise the garbage one leaves (the
-    cold build's thousands of decoded entries, the floor's fetched rows) sets
-    off collections that the next one is timed for.
+    the machine lands on all of them alike and their ratios stay fair.
     """
     for fn in fns.values():
         fn()
@@ -136,7 +132,6 @@ def timed(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, dict[s
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeat):
         for name, fn in fns.items():
-            gc.collect()
             start = time.perf_counter()
             fn()
             samples[name].append((time.perf_counter() - start) * 1000)
