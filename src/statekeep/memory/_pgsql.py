@@ -287,12 +287,30 @@ def _filter_parts(f: Filters, params: dict[str, object]) -> list[str]:
     return parts
 
 
-def nearest_sql(model: str, dimension: int, clause: str) -> str:
-    """Nearest-neighbour search in one model's partial index (the model inlined to match it)."""
-    expr = vector_expr(dimension)
+def nearest_sql(model: str, dimension: int, clause: str, *, exact: bool = False) -> str:
+    """Nearest-neighbour search in one model's partial index (the model inlined to match it).
+
+    Through the index (``exact=False``): the ``:k`` nearest, ties at the cut by :data:`TIES`.
+    ``exact``: every row of the owner is ranked (never through the index, which may miss some),
+    carrying only its id (a top-N sort of narrow rows, not of every column of every row), and
+    the whole rows of the ``:k`` nearest are then read by primary key, in no order. Rows tied
+    at the cut are cut arbitrarily: the caller asks for one more than it needs, and again for
+    more if that one ties (:func:`_ranking.top_k`).
+    """
+    expr, vec = vector_expr(dimension), f"CAST(:q AS vector({int(dimension)}))"
+    distance = f"{expr} <=> {vec}"
+    where = f"{clause} AND model = {literal(model)}"
+    if exact:
+        # cosine_distance is what <=> computes, but no index can order by a function call: the planner
+        # must rank every row, and never pick the approximate HNSW scan for a small owner
+        ranked = f"SELECT id FROM {TABLE} WHERE {where} ORDER BY cosine_distance({expr}, {vec}) LIMIT :k"
+        return (
+            f"SELECT {SELECT_COLUMNS}, {distance} AS distance FROM {TABLE} "
+            f"WHERE owner = :owner AND id = ANY(ARRAY({ranked}))"
+        )
     return (
-        f"SELECT {SELECT_COLUMNS}, {expr} <=> CAST(:q AS vector({int(dimension)})) AS distance "
-        f"FROM {TABLE} WHERE {clause} AND model = {literal(model)} ORDER BY distance, {TIES} LIMIT :k"
+        f"SELECT {SELECT_COLUMNS}, {distance} AS distance FROM {TABLE} WHERE {where} "
+        f"ORDER BY distance, {TIES} LIMIT :k"
     )
 
 

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -296,11 +297,11 @@ class PgVectorMemoryStore(base.MemoryStore):
     # --- reads ----------------------------------------------------------------------------
 
     def _nearest_statement(
-        self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
+        self, owner: str, vector: Vectors, n: int, filters: Filters, now: datetime, *, exact: bool
     ) -> _Statement:
         clause, params = q.scope_where(to_us(now), filters)
-        sql = q.nearest_sql(self.embedder.name, vector.shape[0], clause)
-        return _Statement(sql, {**params, "owner": owner, "q": vector, "k": k})
+        sql = q.nearest_sql(self.embedder.name, vector.shape[0], clause, exact=exact)
+        return _Statement(sql, {**params, "owner": owner, "q": vector, "k": n})
 
     def _text_statement(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> _Statement:
         clause, params = q.scope_where(to_us(now), filters)
@@ -315,17 +316,30 @@ class PgVectorMemoryStore(base.MemoryStore):
     def _nearest(
         self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
     ) -> list[SearchResult]:
-        statement = self._nearest_statement(owner, vector, k, filters, now)
+        exact = not self._is_big(owner)
+        fetch = functools.partial(self._fetch_nearest, owner, vector, filters, now)
+        # exact: one more than k, and more only if that one ties with the k-th (see q.nearest_sql)
+        return base.top_k(fetch, k) if exact else fetch(k, exact=False)
+
+    def _fetch_nearest(
+        self, owner: str, vector: Vectors, filters: Filters, now: datetime, n: int, *, exact: bool = True
+    ) -> list[SearchResult]:
+        statement = self._nearest_statement(owner, vector, n, filters, now, exact=exact)
         return self._neighbours(self._run(owner, [statement], write=False, search=True)[0])
 
     def _hybrid(
         self, owner: str, vector: Vectors, query: str, k: int, filters: Filters, now: datetime
     ) -> tuple[list[SearchResult], list[SearchResult]]:
-        """Both rankings of a hybrid search, in one transaction and one round trip."""
-        near = self._nearest_statement(owner, vector, k, filters, now)
+        """Both rankings of a hybrid search in one transaction and one round trip (two if tied at the cut)."""
+        exact = not self._is_big(owner)
+        near = self._nearest_statement(owner, vector, k + 1 if exact else k, filters, now, exact=exact)
         text = self._text_statement(owner, query, k, filters, now)
         near_rows, text_rows = self._run(owner, [near, text], write=False, search=True)
-        return self._neighbours(near_rows), [SearchResult(from_row(r), float(r["rank"])) for r in text_rows]
+        hits = self._neighbours(near_rows)
+        if exact:
+            fetch = functools.partial(self._fetch_nearest, owner, vector, filters, now)
+            hits = base.top_k(fetch, k, first=hits)
+        return hits, [SearchResult(from_row(r), float(r["rank"])) for r in text_rows]
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         clause, params = q.scope_where(to_us(now), None)
