@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -360,3 +361,49 @@ def test_exact_and_indexed_search_rank_and_filter_as_the_reference_does(postgres
     assert indexed._is_big("o")
     for store in (exact, indexed):
         store.close()
+
+
+def _remember_at_once(workers: list[PgVectorMemoryStore], texts: list[str], key: str | None) -> list[Memory]:
+    """Each worker remembers its text (with ``key``) for alice on its own thread, released by one barrier."""
+    barrier = threading.Barrier(len(workers))
+    results: list[Memory | None] = [None] * len(workers)
+
+    def remember(i: int) -> None:
+        barrier.wait()
+        results[i] = workers[i].remember("alice", texts[i], key=key)
+
+    threads = [threading.Thread(target=remember, args=(i,)) for i in range(len(workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(m is not None for m in results)
+    return [m for m in results if m is not None]
+
+
+def test_concurrent_identical_remembers_store_one_memory(
+    postgres_url: str, real_embedder: SentenceTransformerEmbedder
+) -> None:
+    """Two workers (own connections) remembering one fact at once store it once; the other gets it back.
+
+    A barrier lines the two calls up, round after round: the same text (after
+    normalisation) or the same key. As in the sequential case, exactly one
+    memory results and the other caller is handed it with ``dedupe`` saying why.
+    """
+    workers = [PgVectorMemoryStore(postgres_url, real_embedder) for _ in range(2)]
+    rounds = 12
+    for r in range(rounds):
+        keyed = r % 3 == 2
+        second = f"Alice changed her locker code to {r}" if keyed else f"  alice's LOCKER code is {r}"
+        results = _remember_at_once(
+            workers, [f"Alice's locker code is {r}", second], f"locker-{r}" if keyed else None
+        )
+        assert results[0].id == results[1].id, f"round {r}: two memories of one fact"
+        reasons = sorted(m.dedupe.reason if m.dedupe else "stored" for m in results)
+        assert reasons == sorted(["stored", "same_key" if keyed else "same_text"])
+        duplicate = next(m.dedupe for m in results if m.dedupe is not None)
+        assert not duplicate.stored
+        assert duplicate.existing_id == results[0].id
+    assert len(workers[0].list_memories("alice")) == rounds
+    for worker in workers:
+        worker.close()

@@ -264,17 +264,26 @@ class MemoryStore(Upkeep):
                 self._memory(mid, owner, inputs[i], now, ident, link)
                 for mid, i, ident, link in zip(ids, fresh, [idents[i] for i in fresh], links, strict=True)
             ]
-            if supersedes is None:
-                written = self._insert(memories, vectors)
-            else:
+            written: list[Memory | None]
+            if supersedes is not None:
                 written = [self._insert_superseding(memories[0], vectors, supersedes)]
-            stored = dict(zip(fresh, map(merged, written), strict=True))
+            elif policy == "none":
+                written = list(self._insert(memories, vectors))
+            else:  # another writer may have stored one of these identities since _same looked
+                written = self._insert_unless_same(memories, vectors, now)
+            stored = {i: merged(m) for i, m in zip(fresh, written, strict=True) if m is not None}
+            lost = sorted({idents[i] for i in fresh if i not in stored})
+            if lost:
+                found |= self._same(owner, lost, now)
         out = []
         for i, ident in enumerate(idents):
             if i in stored:
                 out.append(stored[i])
                 continue
-            existing = found[ident] if ident in found else stored[first[ident]]
+            existing = found.get(ident) or stored.get(first[ident])
+            if existing is None:  # stored by another writer, then superseded or erased: try again
+                out.append(self._write(owner, [inputs[i]], dedupe=True)[0])
+                continue
             why = Dedupe("same_key" if inputs[i].key is not None else "same_text", existing.id, stored=False)
             out.append(dataclasses.replace(existing, dedupe=why))
         return out

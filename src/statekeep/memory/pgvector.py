@@ -268,18 +268,40 @@ class PgVectorMemoryStore(base.MemoryStore):
     def _insert(
         self, memories: list[Memory], vectors: Vectors, supersedes: str | None = None
     ) -> list[Memory]:
+        return [m for m in self._write_rows(memories, vectors, supersedes=supersedes) if m is not None]
+
+    def _insert_unless_same(
+        self, memories: list[Memory], vectors: Vectors, now: datetime
+    ) -> list[Memory | None]:
+        return self._write_rows(memories, vectors, unless_same=now)
+
+    def _write_rows(
+        self,
+        memories: list[Memory],
+        vectors: Vectors,
+        *,
+        supersedes: str | None = None,
+        unless_same: datetime | None = None,
+    ) -> list[Memory | None]:
+        """Insert memories in one transaction (``unless_same``: those whose identity is not current then)."""
         self._ensure_index(self.embedder.name, vectors.shape[1])
         owner = memories[0].owner
         rows = [{**to_row(m), "embedding": v} for m, v in zip(memories, vectors, strict=True)]
-        ids = [m.id for m in memories]
-        statements = [
-            _Statement(q.INSERT, rows, many=True),
-            _Statement(q.SEQS, {"owner": owner, "ids": ids}),  # the write order the column's default gave
-        ]
+        statements = [_Statement(q.INSERT, rows, many=True)]
+        if unless_same is not None:  # concurrent writers of one identity take turns, each checking anew
+            keys = sorted({q.identity_lock(owner, r["dedupe_key"]) for r in rows})
+            now_us = to_us(unless_same)
+            statements = [
+                _Statement(q.LOCK_IDENTITIES, {"keys": keys}),
+                _Statement(q.INSERT_UNLESS_SAME, [{**r, "now_us": now_us} for r in rows], many=True),
+            ]
+        # the write order the column's default gave (none for a memory not inserted)
+        seqs_at = len(statements)
+        statements.append(_Statement(q.SEQS, {"owner": owner, "ids": [m.id for m in memories]}))
         if supersedes is not None:  # in the same transaction: never both current, never neither
             statements.append(_Statement(q.MARK, {"s": memories[0].id, "owner": owner, "id": supersedes}))
-        seqs = {r["id"]: int(r["seq"]) for r in self._run(owner, statements, write=True)[1]}
-        return [replace(m, seq=seqs[m.id]) for m in memories]
+        seqs = {r["id"]: int(r["seq"]) for r in self._run(owner, statements, write=True)[seqs_at]}
+        return [replace(m, seq=seqs[m.id]) if m.id in seqs else None for m in memories]
 
     def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> Memory:
         return self._insert([new], vectors, supersedes=old_id)[0]
