@@ -22,7 +22,7 @@ import functools
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -269,6 +269,9 @@ class PgVectorMemoryStore(base.MemoryStore):
         self, memories: list[Memory], vectors: Vectors, supersedes: str | None = None
     ) -> list[Memory]:
         return [m for m in self._write_rows(memories, vectors, supersedes=supersedes) if m is not None]
+
+    def _writing(self) -> AbstractContextManager[object]:
+        return nullcontext()  # writers of one fact take turns in the database (_insert_unless_same)
 
     def _insert_unless_same(
         self, memories: list[Memory], vectors: Vectors, now: datetime
