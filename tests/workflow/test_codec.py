@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -37,3 +38,20 @@ def test_values_that_would_change_on_replay_are_refused(bad: Any) -> None:
     """Tuples, non-string keys, sets, NaN, bytes and objects are refused rather than silently changed."""
     with pytest.raises(codec.NotJSONError):
         codec.to_json(bad)
+
+
+@given(json_values, st.sampled_from(["", " ", "\n", " \t\r\n"]), st.sampled_from(["", " ", "\n"]))
+def test_loads_reads_what_json_loads_reads(value: Any, before: str, after: str) -> None:
+    """Text written elsewhere (whitespace around it, indented) decodes as ``json.loads`` decodes it."""
+    text = before + json.dumps(value, indent=1) + after
+    assert codec.loads(text) == json.loads(text)
+
+
+@pytest.mark.parametrize("bad", ["", " ", "[1", "1 x", "{}{}", "nul", "'a'", "[1,]"])
+def test_loads_refuses_what_json_loads_refuses(bad: str) -> None:
+    """Text that is not one JSON document raises json's own error, with its message."""
+    with pytest.raises(json.JSONDecodeError) as theirs:
+        json.loads(bad)
+    with pytest.raises(json.JSONDecodeError) as ours:
+        codec.loads(bad)
+    assert str(ours.value) == str(theirs.value)

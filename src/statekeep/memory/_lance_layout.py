@@ -11,6 +11,18 @@ file whose rows were all deleted is gone without a rewrite, but the segments
 that covered it still hold its rows: those segments are rebuilt over the files
 they still cover. Every other file, data or index, is left untouched.
 
+Once the table is laid out, ``optimize`` lays out only what changed since
+(:func:`lay_out_new`): the files no index segment covers (each write adds one)
+are replaced by files of their rows grouped by owner, indexed in new segments
+added to both indexes, and the laid-out files with deleted rows (updates) are
+rewritten as an erasure rewrites them. Each pass leaves at most one small
+segment (its last group of files); when :data:`SMALL_SEGMENTS` have gathered,
+their files are laid out again with the new rows, so the number of segments a
+text search opens stays near the table's rows over ``SEGMENT_FILES *
+FRAGMENT_ROWS`` at a bounded cost per pass. Full-text scores do not depend on
+how the files are grouped into segments (Lance ranks with the statistics of the
+whole index), so an incremental layout searches exactly as a full one.
+
 There is no vector (ANN) index: remapping one costs about as much as the rest
 of an erasure for each file it covers, and an ANN index segment per file was
 slower to search than an exact scan of the owner's rows, which this layout
@@ -34,6 +46,10 @@ SEGMENT_FILES = 8
 TEXT, OWNER = "content_idx", "owner_idx"
 #: Each index ``optimize`` builds: its column and Lance index type.
 INDEXES = {TEXT: ("content", "INVERTED"), OWNER: ("owner", "BTREE")}
+#: A text index segment over fewer rows is small: a layout leaves at most one (its last group).
+SMALL_ROWS = SEGMENT_FILES * FRAGMENT_ROWS // 2
+#: When this many small segments have gathered, ``optimize`` lays their files out again.
+SMALL_SEGMENTS = 4
 
 
 def schema(dimension: int) -> Any:
@@ -109,33 +125,23 @@ def packed(owners: list[str], size: int = FRAGMENT_ROWS) -> list[tuple[int, int]
     return chunks
 
 
-def laid_out(dataset: Any) -> bool:
-    """Whether every data file is one ``optimize`` wrote, covered by a text index segment of its own group."""
-    covered: set[int] = set()
-    for index in dataset.describe_indices():
-        if index.name not in (TEXT, OWNER):  # a vector index of an older statekeep
-            return False
-        if index.name == TEXT:
-            for segment in index.segments:
-                ids = list(segment.fragment_ids)
-                if len(ids) > SEGMENT_FILES:  # one index of a whole table (an older statekeep)
-                    return False
-                covered.update(ids)
-    return all(
-        f.metadata.deletion_file is None and f.fragment_id in covered and f.count_rows() <= FRAGMENT_ROWS
-        for f in dataset.get_fragments()
-    )
-
-
 def lay_out(dataset: Any) -> Any:
     """Rewrite the table grouped by owner (then write order) into bounded data files; return the new version.
 
     Indexes are not carried over: build them with :func:`index_segments`.
     """
     import lance
+
+    data = dataset.to_table()
+    operation = lance.LanceOperation.Overwrite(data.schema, _written(dataset, data))
+    return lance.LanceDataset.commit(dataset, operation, read_version=dataset.version)
+
+
+def _written(dataset: Any, data: Any) -> list[Any]:
+    """New, uncommitted data files of ``dataset`` holding these rows grouped by owner (then write order)."""
     from lance.fragment import write_fragments
 
-    data = dataset.to_table().sort_by([("owner", "ascending"), ("seq", "ascending")])
+    data = data.sort_by([("owner", "ascending"), ("seq", "ascending")])
     fragments = []
     for start, stop in packed(data.column("owner").to_pylist()):
         fragments.extend(
@@ -147,8 +153,79 @@ def lay_out(dataset: Any) -> Any:
                 data_storage_version=dataset.data_storage_version,
             )
         )
-    operation = lance.LanceOperation.Overwrite(data.schema, fragments)
-    return lance.LanceDataset.commit(dataset, operation, read_version=dataset.version)
+    return fragments
+
+
+def lay_out_new(dataset: Any) -> Any | None:
+    """Lay out only what changed since the table was laid out; return the new version, or None.
+
+    None (nothing written) when the table is not laid out by ``optimize``
+    (:func:`_laid_out_indexes`): lay it out whole. Otherwise the laid-out files
+    with deleted rows are rewritten one at a time and the stale index segments
+    rebuilt (:func:`erase`); the rows of the files no index segment covers (the
+    writes since) are grouped by owner into new files, indexed in new segments
+    added to the text and owner indexes. Every other data and index file is
+    left untouched, except that when :data:`SMALL_SEGMENTS` small segments (each
+    pass leaves at most one) have gathered, their files are laid out again with
+    the new rows, so that writes in small batches do not pile up segments.
+    """
+    indexes = _laid_out_indexes(dataset)
+    if indexes is None:
+        return None
+    covered = _covered(indexes[TEXT])
+    if any(
+        f.fragment_id in covered and f.metadata.physical_rows > FRAGMENT_ROWS for f in dataset.get_fragments()
+    ):
+        return None  # an older statekeep's bigger files
+    rewrite_deleted(dataset, covered)
+    rebuild_stale(dataset)
+    return _lay_out_uncovered(dataset)
+
+
+def _laid_out_indexes(dataset: Any) -> dict[str, Any] | None:
+    """The text and owner indexes of a table laid out by ``optimize``, by name; None when it is not.
+
+    Laid out: just those two indexes, their segments over the same groups of at
+    most :data:`SEGMENT_FILES` files, at least one file covered.
+    """
+    indexes = {index.name: index for index in dataset.describe_indices()}
+    if set(indexes) != set(INDEXES):  # no index yet, or a vector index of an older statekeep
+        return None
+    groups = {name: sorted(sorted(s.fragment_ids) for s in ix.segments) for name, ix in indexes.items()}
+    if groups[TEXT] != groups[OWNER] or not _covered(indexes[TEXT]):
+        return None
+    return None if any(len(group) > SEGMENT_FILES for group in groups[TEXT]) else indexes
+
+
+def _covered(index: Any) -> set[int]:
+    return {i for segment in index.segments for i in segment.fragment_ids}
+
+
+def _lay_out_uncovered(dataset: Any) -> Any:
+    """Lay out the files no index segment covers (and the small segments' files when enough have gathered)."""
+    from lance import LanceDataset, LanceOperation
+
+    indexes = {index.name: index for index in dataset.describe_indices()}
+    live = {f.fragment_id: f for f in dataset.get_fragments()}
+    rows = {i: live[i].metadata.physical_rows for i in live}
+    small = [s for s in indexes[TEXT].segments if sum(rows.get(i, 0) for i in s.fragment_ids) < SMALL_ROWS]
+    merged = small if len(small) >= SMALL_SEGMENTS else []
+    files = [i for i in live if i not in _covered(indexes[TEXT])]
+    files += [i for s in merged for i in s.fragment_ids if i in live]
+    if not files:
+        return dataset
+    data = dataset.scanner(fragments=[live[i] for i in files]).to_table()
+    replaced = LanceOperation.Update(removed_fragment_ids=files, new_fragments=_written(dataset, data))
+    dataset = LanceDataset.commit(dataset, replaced, read_version=dataset.version)
+    added = [f.fragment_id for f in dataset.get_fragments() if f.fragment_id not in live]
+    groups = [added[i : i + SEGMENT_FILES] for i in range(0, len(added), SEGMENT_FILES)]
+    built = [_built(dataset, name, group) for name in INDEXES for group in groups]
+    gone = [set(s.fragment_ids) for s in merged]
+    removed = [
+        _entry(index, s) for index in indexes.values() for s in index.segments if set(s.fragment_ids) in gone
+    ]
+    indexed = LanceOperation.CreateIndex(new_indices=built, removed_indices=removed)
+    return LanceDataset.commit(dataset, indexed, read_version=dataset.version)
 
 
 def index_segments(dataset: Any) -> Any:
@@ -182,15 +259,19 @@ def erase(dataset: Any) -> None:
     rebuild_stale(dataset)
 
 
-def rewrite_deleted(dataset: Any) -> int:
-    """Rewrite, one at a time, every data file with deleted rows; return how many were rewritten.
+def rewrite_deleted(dataset: Any, among: set[int] | None = None) -> int:
+    """Rewrite, one at a time, every data file with deleted rows (of ``among``, when given); return how many.
 
     Each compaction excludes every other file, so it merges nothing and Lance
     remaps only the index segments over the rewritten file, dropping the deleted
     rows from them (a file whose rows were all deleted is already gone: see
     :func:`rebuild_stale`).
     """
-    pending = [f.fragment_id for f in dataset.get_fragments() if f.metadata.deletion_file is not None]
+    pending = [
+        f.fragment_id
+        for f in dataset.get_fragments()
+        if f.metadata.deletion_file is not None and (among is None or f.fragment_id in among)
+    ]
     for fragment in pending:
         others = [f.fragment_id for f in dataset.get_fragments() if f.fragment_id != fragment]
         dataset.optimize.compact_files(materialize_deletions_threshold=0.0, excluded_fragment_ids=others)
@@ -207,7 +288,6 @@ def rebuild_stale(dataset: Any) -> int:
     covers (or just removed when it covers none), in one commit.
     """
     from lance import LanceDataset, LanceOperation
-    from lance.dataset import Index
 
     live = {f.fragment_id for f in dataset.get_fragments()}
     built, removed = [], []
@@ -216,21 +296,31 @@ def rebuild_stale(dataset: Any) -> int:
             covered = set(segment.fragment_ids)
             if covered <= live:
                 continue
-            removed.append(
-                Index(
-                    uuid=segment.uuid,
-                    name=index.name,
-                    fields=list(index.fields),
-                    dataset_version=segment.dataset_version_at_last_update,
-                    fragment_ids=segment.fragment_ids,
-                    index_version=segment.index_version,
-                )
-            )
-            if covered & live:  # "merged" alone: its files laid out as a committed segment's
-                one = _segment(dataset, index.name, sorted(covered & live))
-                built.append(dataset.merge_existing_index_segments([one]))
+            removed.append(_entry(index, segment))
+            if covered & live:
+                built.append(_built(dataset, index.name, sorted(covered & live)))
     if removed:
         operation = LanceOperation.CreateIndex(new_indices=built, removed_indices=removed)
         LanceDataset.commit(dataset, operation, read_version=dataset.version)
         dataset.checkout_latest()
     return len(removed)
+
+
+def _built(dataset: Any, name: str, fragment_ids: list[int]) -> Any:
+    """One segment of index ``name`` over these data files, ready for a ``CreateIndex`` commit."""
+    # "merged" alone: its files laid out as a committed segment's
+    return dataset.merge_existing_index_segments([_segment(dataset, name, fragment_ids)])
+
+
+def _entry(index: Any, segment: Any) -> Any:
+    """The manifest entry of one segment of ``index`` (as described), to name it in a commit."""
+    from lance.dataset import Index
+
+    return Index(
+        uuid=segment.uuid,
+        name=index.name,
+        fields=list(index.fields),
+        dataset_version=segment.dataset_version_at_last_update,
+        fragment_ids=segment.fragment_ids,
+        index_version=segment.index_version,
+    )

@@ -7,7 +7,8 @@ vector index (a table an older statekeep indexed is searched through its index
 until ``optimize``, exactly when the filter leaves at most ``exact_below`` rows).
 
 ``optimize`` writes the rows grouped by owner into small data files, the text
-and owner indexes in segments of a few files (:mod:`statekeep.memory._lance_layout`). Erasure
+and owner indexes in segments of a few files (:mod:`statekeep.memory._lance_layout`);
+once the table is laid out, it lays out only the rows written since. Erasure
 deletes the rows, then rewrites each data file that held one
 (``compact_files`` with ``materialize_deletions_threshold=0``, every other file
 excluded), so Lance remaps only the index segments of those files, and deletes
@@ -261,22 +262,36 @@ class LanceDBMemoryStore(base.MemoryStore):
         self._table.update(where=where(owner, id=memory_id), values={"superseded_by": successor})
         self._cache.update(owner, lambda rows: rows.superseding(memory_id, successor))
 
-    def optimize(self) -> None:
+    def optimize(self, *, full: bool = False) -> None:
         """Lay the memories out by owner in small files and index them (text, owner).
 
-        Call it after bulk loads and from time to time (each write adds a file). When
-        anything was written since the last call, it rewrites the whole table: rows
-        grouped by owner in files of at most 512 rows, the text and owner indexes in
-        segments of a few files, so that erasing an owner later rewrites only that
-        owner's files and their index segments. It builds no vector (ANN) index and
-        drops the one an older statekeep built: vector search is exact.
+        Call it after bulk loads and from time to time (each write adds a file). It
+        lays out what was written since its last run: those rows grouped by owner
+        in new files of at most 512 rows, indexed in new segments of the text and
+        owner indexes; files where an update or an erasure deleted rows are
+        rewritten one at a time. Every other file is left as it was, so its cost
+        follows the writes, not the table (when four small index segments have
+        gathered, their files are laid out again with the new rows). A table never
+        laid out (written by an older statekeep, or holding a vector index, which it
+        drops: vector search is exact) is rewritten whole. Then erasing an owner
+        rewrites only the files that hold its rows and their index segments.
+
+        Args:
+            full: rewrite the whole table even when it is laid out, so that each owner's
+                rows, spread over the files of many runs, are together again.
         """
         self._writable()
+        if not isinstance(full, bool):
+            raise InvalidInputError("must be True or False", field="full")
         dataset = self._table.to_lance()
-        if dataset.count_rows() and not _lance_layout.laid_out(dataset):
-            dataset = _lance_layout.index_segments(_lance_layout.lay_out(dataset))
-            # now, not days later: an erasure would otherwise pay for deleting the whole old table
-            dataset.cleanup_old_versions(older_than=timedelta(0))
+        version = dataset.version
+        if dataset.count_rows():
+            done = None if full else _lance_layout.lay_out_new(dataset)
+            dataset = done or _lance_layout.index_segments(_lance_layout.lay_out(dataset))
+        if dataset.version != version:
+            # now, not days later: an erasure would otherwise pay for deleting the old files; unverified
+            # files too (the index segments built before their merge): this store is the only writer
+            dataset.cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
         self._table = self._db.open_table(TABLE)
         self._indexed = self._has_vector_index()
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from statekeep._check import check_int, check_number, check_seconds
+from statekeep.workflow import codec
 
 
 class RunStatus(enum.StrEnum):
@@ -140,7 +140,7 @@ class StepRecord:
     @property
     def value(self) -> Any:
         """The decoded JSON output."""
-        return json.loads(self.output)
+        return codec.loads(self.output)
 
 
 class ReplayEntry:
@@ -175,8 +175,7 @@ class ReplayEntry:
     @property
     def value(self) -> Any:
         """The decoded JSON output (opened first when it is sealed)."""
-        text = self._output if self._open is None else self._open(self._output)
-        return json.loads(text)
+        return codec.loads(self._output if self._open is None else self._open(self._output))
 
 
 @dataclass(frozen=True, slots=True)

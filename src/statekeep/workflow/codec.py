@@ -31,7 +31,8 @@ def to_json(value: Any, *, limit: int = MAX_DEPTH) -> str:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise NotJSONError(str(exc)) from exc
-    if json.loads(text) != value or not _same_shape(json.loads(text), value):
+    decoded = loads(text)
+    if decoded != value or not _same_shape(decoded, value):
         raise NotJSONError(f"{type(value).__name__} value does not survive a JSON round trip unchanged")
     return text
 
@@ -59,6 +60,21 @@ def loose_digest(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+_RAW_DECODE = json.JSONDecoder().raw_decode
+
+
 def loads(text: str | None) -> Any:
-    """Decode stored JSON text (None stays None)."""
-    return None if text is None else json.loads(text)
+    """Decode stored JSON text (None stays None).
+
+    Every step a replay re-walks parses its output here, so the common case skips
+    ``json.loads``' whitespace handling: text this module wrote has none around it.
+    Anything else (surrounding whitespace, or no JSON at all) goes through
+    ``json.loads``, which decodes it or raises its usual error.
+    """
+    if text is None:
+        return None
+    try:
+        value, end = _RAW_DECODE(text)
+    except ValueError:
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)

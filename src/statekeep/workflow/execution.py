@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -131,18 +130,17 @@ class Execution:
         """
         # ``name`` is checked where it enters: Step(), the registry (tools, child workflows)
         # and the waits, so the hot path of a step does not check it twice.
-        self._seq += 1
-        recorded = self._recorded(self._seq)
+        seq = self._seq = self._seq + 1
+        # the page in hand answers without a call: a replay asks here once per step it re-walks
+        recorded = self._page.get(seq) if seq in self._span else self._recorded(seq)
         if recorded is None:
-            return self._seq, None
-        if (recorded.name, recorded.kind) != (name, kind):
-            raise NonDeterminismError(
-                self.run_id, self._seq, f"{recorded.kind} {recorded.name}", f"{kind} {name}"
-            )
+            return seq, None
+        if recorded.name != name or recorded.kind != kind:
+            raise NonDeterminismError(self.run_id, seq, f"{recorded.kind} {recorded.name}", f"{kind} {name}")
         self._staged, self._cursor = None, None
         if recorded.state_version is not None:
             self._state_at = recorded.state_version
-        return self._seq, recorded
+        return seq, recorded
 
     def next_call_index(self) -> int:
         """The index of the next tool call of this execution (part of its idempotency key)."""
@@ -239,7 +237,7 @@ class Execution:
         if version is not None and staged is not None:  # only read again after this transaction commits
             self._latest = self._state_at = version
             self._committed = (version, staged[1])
-        return json.loads(output)
+        return codec.loads(output)
 
     def commit(
         self,
