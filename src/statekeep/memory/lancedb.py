@@ -18,12 +18,15 @@ indexes included: its cost follows the owner's rows, not the table.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -87,11 +90,45 @@ def _filter_parts(f: Filters) -> list[str]:
     return parts
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+#: How long a read-only store waits before each new try of a read that met the writer's rewrite.
+_RETRY_SECONDS = (0.01, 0.05, 0.2, 0.5)
+
+
+def _one_at_a_time(method: F) -> F:
+    """Run ``method`` holding the store's lock: erasing and optimizing delete files (old versions,
+    and files no version refers to yet), which a write or a read in another thread may be using.
+
+    A read-only store reads beside a writer in another process, which no lock
+    reaches: a read that started on a version whose files the writer's erasure
+    or optimize then replaced fails (a file or row address gone), and is tried
+    again on the latest version.
+    """
+
+    @functools.wraps(method)
+    def locked(self: LanceDBMemoryStore, *args: Any, **kwargs: Any) -> Any:
+        with self._serial:
+            if not self.read_only:
+                return method(self, *args, **kwargs)
+            for pause in _RETRY_SECONDS:
+                try:
+                    return method(self, *args, **kwargs)
+                except (KeyError, OSError, RuntimeError):
+                    time.sleep(pause)
+                    self._table = self._db.open_table(TABLE)
+            return method(self, *args, **kwargs)
+
+    return locked  # type: ignore[return-value]
+
+
 class LanceDBMemoryStore(base.MemoryStore):
     """Memories in a LanceDB folder: zero servers; one machine, one writer.
 
     The folder is locked while the store is open; a second writer (another
     process, or another store in this one) gets :class:`MemoryLockedError`.
+    Threads may share the store: its operations run one at a time.
     Many workers on many machines must use :class:`PgVectorMemoryStore`.
 
     Examples:
@@ -128,6 +165,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         **kw: Any,
     ) -> None:
         super().__init__(embedder, **kw)
+        self._serial = threading.RLock()
         with requires("lancedb", "LanceDB memory"):
             import lancedb
         check_int(exact_below, "exact_below")
@@ -223,6 +261,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             self._dim = int(self._table.schema.field("vector").type.list_size)
         return self._dim
 
+    @_one_at_a_time
     def close(self) -> None:
         """Release the folder lock."""
         if self._lock is not None:
@@ -234,6 +273,7 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     # --- writes ---------------------------------------------------------------------------
 
+    @_one_at_a_time
     def _insert(self, memories: list[Memory], vectors: Vectors) -> list[Memory]:
         self._writable()
         if self._dimension != vectors.shape[1]:
@@ -248,6 +288,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             self._owner_rows[owner] += len(memories)
         return memories
 
+    @_one_at_a_time
     def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
         found: dict[str, Memory] = {}
         alive = f"superseded_by IS NULL AND (expires_us IS NULL OR expires_us > {to_us(now)})"
@@ -257,11 +298,13 @@ class LanceDBMemoryStore(base.MemoryStore):
                 found.setdefault(row["dedupe_key"], from_row(row))
         return found
 
+    @_one_at_a_time
     def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
         self._writable()
         self._table.update(where=where(owner, id=memory_id), values={"superseded_by": successor})
         self._cache.update(owner, lambda rows: rows.superseding(memory_id, successor))
 
+    @_one_at_a_time
     def optimize(self, *, full: bool = False) -> None:
         """Lay the memories out by owner in small files and index them (text, owner).
 
@@ -314,6 +357,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             return query.bypass_vector_index()
         return query.nprobes(self.nprobes).refine_factor(4)
 
+    @_one_at_a_time
     def _nearest(
         self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
     ) -> list[SearchResult]:
@@ -355,6 +399,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         self._cache.put(owner, held, generation)
         return held
 
+    @_one_at_a_time
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         if self._dimension != vectors.shape[1]:
             return [None] * len(vectors)
@@ -365,6 +410,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             found[int(r.get("query_index", 0))] = SearchResult(from_row(r), 1.0 - float(r["_distance"]))
         return found
 
+    @_one_at_a_time
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
         clause = where(owner, filters, now)
         # the owner's memories held in process: the index returns ids and scores, the rest is here
@@ -390,17 +436,20 @@ class LanceDBMemoryStore(base.MemoryStore):
             q = q.select(columns)
         return list(q.limit(self._table.count_rows(clause) or 1).to_list())
 
+    @_one_at_a_time
     def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:
         clause = f"{where(owner, id=memory_id)} AND (expires_us IS NULL OR expires_us > {to_us(now)})"
         rows = self._rows(clause)
         return from_row(rows[0]) if rows else None
 
+    @_one_at_a_time
     def _list(self, owner: str, now: datetime) -> list[Memory]:
         clause = f"{where(owner)} AND (expires_us IS NULL OR expires_us > {to_us(now)})"
         return [from_row(r) for r in self._rows(clause, list(COLUMNS))]
 
     # --- erasure --------------------------------------------------------------------------
 
+    @_one_at_a_time
     def _erase(self, owner: str, ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
         self._writable()
         clause = where(owner) if ids is None else f"{where(owner)} AND {_in('id', ids)}"
@@ -443,6 +492,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             self._owner_rows.clear()
         self._indexed = self._indexed and self._has_vector_index()  # a rewrite never adds one
 
+    @_one_at_a_time
     def _purge(self, now: datetime) -> int:
         self._writable()
         clause = f"expires_us IS NOT NULL AND expires_us <= {to_us(now)}"
@@ -455,13 +505,16 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     # --- re-embedding ---------------------------------------------------------------------
 
+    @_one_at_a_time
     def _count_stale(self, model: str) -> int:
         return int(self._table.count_rows(f"model != {quote(model)}"))
 
+    @_one_at_a_time
     def _stale(self, model: str, limit: int) -> list[tuple[str, str, str]]:
         q = self._table.search().where(f"model != {quote(model)}").select(["owner", "id", "content"])
         return [(r["owner"], r["id"], r["content"]) for r in q.limit(limit).to_list()]
 
+    @_one_at_a_time
     def _set_vectors(self, model: str, keys: list[tuple[str, str]], vectors: Vectors) -> None:
         self._writable()
         self._cache.drop()
