@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import psycopg
 import pytest
 from psycopg import pq
@@ -16,7 +18,7 @@ from sqlalchemy.engine import make_url
 
 from statekeep.db import Database
 from statekeep.errors import ConfigError, MemoryNotFoundError, StorageError
-from statekeep.memory import FakeEmbedder, SentenceTransformerEmbedder
+from statekeep.memory import FakeEmbedder, Memory, Provenance, SentenceTransformerEmbedder
 from statekeep.memory.pgvector import PgVectorMemoryStore
 from tests.memory.conftest import Clock
 
@@ -270,3 +272,138 @@ def test_every_partitions_full_text_index_keeps_a_short_pending_list(postgres_ur
         ).fetchall()
     assert len(options) == q.PARTITIONS
     assert all(f"gin_pending_list_limit={q.GIN_PENDING_KB}" in (o or []) for (o,) in options)
+
+
+def _tie_heavy_memories(owner: str, vectors: npt.NDArray[np.float32], now: datetime) -> list[Memory]:
+    """Memories of one owner over grouped vectors, with every kind of row a search must leave out or keep.
+
+    Kinds, tags, sources, sessions and creation times vary by row; some rows are
+    expired, superseded or merged; each group of identical vectors holds the same
+    text twice (a tie that only write order breaks) and different texts.
+    """
+    kinds = ("semantic", "episodic", "procedural")
+    sources = ("user_supplied", "agent_inferred", "system_verified")
+    out = []
+    for i in range(len(vectors)):
+        out.append(
+            Memory(
+                id=f"{owner}-{i}",
+                owner=owner,
+                content=f"group {i // 5} {'same' if i % 5 < 2 else i % 5}",
+                kind=kinds[i % 3],  # type: ignore[arg-type]
+                tags=("even",) if i % 2 == 0 else ("odd", "x"),
+                metadata={"n": i},
+                provenance=Provenance(sources[i % 7 % 3], session_id=f"s{i % 4}"),  # type: ignore[arg-type]
+                model="synthetic",
+                created_at=now - timedelta(minutes=i % 11),
+                expires_at=now - timedelta(seconds=1) if i % 13 == 0 else None,
+                superseded_by="later" if i % 17 == 0 else None,
+                duplicate_of=f"{owner}-0" if i % 19 == 0 else None,
+            )
+        )
+    return out
+
+
+def test_exact_and_indexed_search_rank_and_filter_as_the_reference_does(postgres_url: str) -> None:
+    """Both search paths (an owner searched exactly, or through HNSW) return what the reference returns.
+
+    Groups of five memories share one vector, so the cut at ``k`` falls inside
+    ties that content, then write order, decide; every filter, the expired,
+    superseded and merged rows, and another owner's identical rows must be left
+    out exactly as the in-memory reference leaves them out, in vector and in
+    hybrid search.
+    """
+    from statekeep.memory import InMemoryMemoryStore
+
+    from .conftest import LookupEmbedder
+    from .test_ranking import grouped_vectors
+
+    vectors = grouped_vectors(40, 5)
+    clock = Clock()
+    embedder = LookupEmbedder(vectors)
+    exact = PgVectorMemoryStore(postgres_url, embedder, clock=clock, exact_below=10**6)
+    indexed = PgVectorMemoryStore(postgres_url, embedder, clock=clock, exact_below=0, ef_search=1_000)
+    reference = InMemoryMemoryStore(embedder, clock=clock)
+    for store in (exact, reference):
+        for owner in ("o", "other"):
+            store.insert(_tie_heavy_memories(owner, vectors, clock.now), vectors)
+    rng = np.random.default_rng(3)
+    queries = vectors[::5][:12] + 0.3 * rng.standard_normal((12, vectors.shape[1])).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    filters: list[dict[str, Any]] = [
+        {},
+        {"kinds": ["episodic", "procedural"]},
+        {"tags": "x", "min_trust": 0.5},
+        {"sources": "user_supplied", "sessions": ["s1", "s2"]},
+        {"since": clock.now - timedelta(minutes=5), "until": clock.now - timedelta(minutes=1)},
+        {"include_merged": True},
+    ]
+    checked = 0
+    for q in queries:
+        scores = np.sort(vectors[::5] @ q)
+        if np.diff(scores).min() <= 1e-5:  # groups this close could swap by float rounding: no test
+            continue
+        for kw in filters:
+            for k in (3, 7, 12):
+                want = [r.memory.id for r in reference.search("o", "q", k=k, vector=q, mode="vector", **kw)]
+                assert want
+                assert all(i.startswith("o-") for i in want)
+                for store in (exact, indexed):
+                    got = [r.memory.id for r in store.search("o", "q", k=k, vector=q, mode="vector", **kw)]
+                    assert got == want, (store.exact_below, kw, k)
+                    checked += 1
+            hybrid = [
+                [r.memory.id for r in s.search("o", "group", k=7, vector=q, **kw)] for s in (exact, indexed)
+            ]
+            assert hybrid[0] == hybrid[1], kw
+    assert checked > 200
+    assert not exact._is_big("o")
+    assert indexed._is_big("o")
+    for store in (exact, indexed):
+        store.close()
+
+
+def _remember_at_once(workers: list[PgVectorMemoryStore], texts: list[str], key: str | None) -> list[Memory]:
+    """Each worker remembers its text (with ``key``) for alice on its own thread, released by one barrier."""
+    barrier = threading.Barrier(len(workers))
+    results: list[Memory | None] = [None] * len(workers)
+
+    def remember(i: int) -> None:
+        barrier.wait()
+        results[i] = workers[i].remember("alice", texts[i], key=key)
+
+    threads = [threading.Thread(target=remember, args=(i,)) for i in range(len(workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(m is not None for m in results)
+    return [m for m in results if m is not None]
+
+
+def test_concurrent_identical_remembers_store_one_memory(
+    postgres_url: str, real_embedder: SentenceTransformerEmbedder
+) -> None:
+    """Two workers (own connections) remembering one fact at once store it once; the other gets it back.
+
+    A barrier lines the two calls up, round after round: the same text (after
+    normalisation) or the same key. As in the sequential case, exactly one
+    memory results and the other caller is handed it with ``dedupe`` saying why.
+    """
+    workers = [PgVectorMemoryStore(postgres_url, real_embedder) for _ in range(2)]
+    rounds = 12
+    for r in range(rounds):
+        keyed = r % 3 == 2
+        second = f"Alice changed her locker code to {r}" if keyed else f"  alice's LOCKER code is {r}"
+        results = _remember_at_once(
+            workers, [f"Alice's locker code is {r}", second], f"locker-{r}" if keyed else None
+        )
+        assert results[0].id == results[1].id, f"round {r}: two memories of one fact"
+        reasons = sorted(m.dedupe.reason if m.dedupe else "stored" for m in results)
+        assert reasons == sorted(["stored", "same_key" if keyed else "same_text"])
+        duplicate = next(m.dedupe for m in results if m.dedupe is not None)
+        assert not duplicate.stored
+        assert duplicate.existing_id == results[0].id
+    assert len(workers[0].list_memories("alice")) == rounds
+    for worker in workers:
+        worker.close()

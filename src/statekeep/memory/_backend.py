@@ -24,6 +24,18 @@ class MemoryBackend(ABC):
         The store gives each its ``seq``, increasing in the order of ``memories``.
         """
 
+    def _insert_unless_same(
+        self, memories: list[Memory], vectors: Vectors, now: datetime
+    ) -> list[Memory | None]:
+        """As :meth:`_insert`, but None in place of a memory whose identity the owner has by ``now``.
+
+        What :meth:`_same` would find, written by another writer since the caller
+        looked. A backend that other processes write to concurrently makes the
+        check and the insert one step (pgvector); this default inserts them all.
+        """
+        stored: list[Memory | None] = list(self._insert(memories, vectors))
+        return stored
+
     @abstractmethod
     def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
         """For each identity (:func:`_dedupe.identity`) the owner's oldest unexpired,

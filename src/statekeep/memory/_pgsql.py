@@ -39,25 +39,38 @@ SELECT_COLUMNS = (
     "id, owner, content, kind, tags, metadata, source, session_id, run_id, event_id, trust, model, "
     "created_us, expires_us, superseded_by, duplicate_of, key, dedupe_key, duplicate_score, seq"
 )
+_INTO = f"INSERT INTO {TABLE} ({SELECT_COLUMNS.removesuffix(', seq')}, embedding)"
+_VALUES = (
+    ":id, :owner, :content, :kind, :tags, CAST(:metadata AS jsonb), :source, :session_id, :run_id, "
+    ":event_id, :trust, :model, :created_us, :expires_us, :superseded_by, :duplicate_of, :key, :dedupe_key, "
+    ":duplicate_score, :embedding"
+)
+#: A memory that dedupes its identity with ``:dedupe_key``: not superseded, not expired at ``:now_us``.
+_CURRENT = "superseded_by IS NULL AND (expires_us IS NULL OR expires_us > :now_us)"
 #: One memory in; its write order (``seq``) is the column's default. ``:embedding`` is sent in
 #: pgvector's binary format (a numpy array through pgvector's psycopg dumper).
-INSERT = (
-    f"INSERT INTO {TABLE} ({SELECT_COLUMNS.removesuffix(', seq')}, embedding) VALUES (:id, :owner, "
-    ":content, :kind, :tags, CAST(:metadata AS jsonb), :source, :session_id, :run_id, :event_id, :trust, "
-    ":model, :created_us, :expires_us, :superseded_by, :duplicate_of, :key, :dedupe_key, "
-    ":duplicate_score, :embedding)"
+INSERT = f"{_INTO} VALUES ({_VALUES})"
+#: One memory in, unless the owner has a current memory of its identity by now. After
+#: ``LOCK_IDENTITIES`` in a READ COMMITTED transaction, the check sees what every concurrent
+#: writer of the identity committed: the one holding the lock before finished first.
+INSERT_UNLESS_SAME = (
+    f"{_INTO} SELECT {_VALUES} WHERE NOT EXISTS "
+    f"(SELECT 1 FROM {TABLE} WHERE owner = :owner AND dedupe_key = :dedupe_key AND {_CURRENT})"
 )
+#: Transaction-scoped locks on (owner, identity) pairs (:func:`identity_lock`), taken in the order given.
+LOCK_IDENTITIES = "SELECT pg_advisory_xact_lock(k) FROM unnest(CAST(:keys AS bigint[])) AS k"
 #: The write order of memories just inserted.
 SEQS = f"SELECT id, seq FROM {TABLE} WHERE owner = :owner AND id = ANY(:ids)"
 #: The transactions of ``PgVectorMemoryStore._run``, as ``Database.read`` and ``begin`` open them.
 BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-BEGIN_WRITE = "BEGIN"
+#: Each statement of a write sees what was committed before it began (INSERT_UNLESS_SAME relies on it).
+BEGIN_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
 #: Mark a memory superseded by its successor.
 MARK = f"UPDATE {TABLE} SET superseded_by = :s WHERE owner = :owner AND id = :id"
 #: The owner's unexpired, not superseded memories with one of the identities, oldest first.
 SAME = (
     f"SELECT {SELECT_COLUMNS} FROM {TABLE} WHERE owner = :owner AND dedupe_key = ANY(:keys) "
-    "AND superseded_by IS NULL AND (expires_us IS NULL OR expires_us > :now_us) ORDER BY seq"
+    f"AND {_CURRENT} ORDER BY seq"
 )
 #: The order of results among equal scores: content by code point (as Python compares), then write order.
 TIES = 'content COLLATE "C", seq'
@@ -232,6 +245,12 @@ def literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def identity_lock(owner: str, dedupe_key: str) -> int:
+    """The advisory lock key (a signed 64-bit integer) of one identity of one owner."""
+    digest = hashlib.sha256(f"statekeep-memory\x00{owner}\x00{dedupe_key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
 def vector_expr(dimension: int) -> str:
     """The indexed expression: the untyped column cast to this model's dimension."""
     return f"(embedding::vector({int(dimension)}))"
@@ -287,12 +306,30 @@ def _filter_parts(f: Filters, params: dict[str, object]) -> list[str]:
     return parts
 
 
-def nearest_sql(model: str, dimension: int, clause: str) -> str:
-    """Nearest-neighbour search in one model's partial index (the model inlined to match it)."""
-    expr = vector_expr(dimension)
+def nearest_sql(model: str, dimension: int, clause: str, *, exact: bool = False) -> str:
+    """Nearest-neighbour search in one model's partial index (the model inlined to match it).
+
+    Through the index (``exact=False``): the ``:k`` nearest, ties at the cut by :data:`TIES`.
+    ``exact``: every row of the owner is ranked (never through the index, which may miss some),
+    carrying only its id (a top-N sort of narrow rows, not of every column of every row), and
+    the whole rows of the ``:k`` nearest are then read by primary key, in no order. Rows tied
+    at the cut are cut arbitrarily: the caller asks for one more than it needs, and again for
+    more if that one ties (:func:`_ranking.top_k`).
+    """
+    expr, vec = vector_expr(dimension), f"CAST(:q AS vector({int(dimension)}))"
+    distance = f"{expr} <=> {vec}"
+    where = f"{clause} AND model = {literal(model)}"
+    if exact:
+        # cosine_distance is what <=> computes, but no index can order by a function call: the planner
+        # must rank every row, and never pick the approximate HNSW scan for a small owner
+        ranked = f"SELECT id FROM {TABLE} WHERE {where} ORDER BY cosine_distance({expr}, {vec}) LIMIT :k"
+        return (
+            f"SELECT {SELECT_COLUMNS}, {distance} AS distance FROM {TABLE} "
+            f"WHERE owner = :owner AND id = ANY(ARRAY({ranked}))"
+        )
     return (
-        f"SELECT {SELECT_COLUMNS}, {expr} <=> CAST(:q AS vector({int(dimension)})) AS distance "
-        f"FROM {TABLE} WHERE {clause} AND model = {literal(model)} ORDER BY distance, {TIES} LIMIT :k"
+        f"SELECT {SELECT_COLUMNS}, {distance} AS distance FROM {TABLE} WHERE {where} "
+        f"ORDER BY distance, {TIES} LIMIT :k"
     )
 
 

@@ -50,20 +50,25 @@ def rank_key(hit: SearchResult) -> tuple[float, str, int]:
     return (-hit.score, hit.memory.content, hit.memory.seq)
 
 
-def top_k(fetch: Callable[[int], list[SearchResult]], k: int) -> list[SearchResult]:
+def top_k(
+    fetch: Callable[[int], list[SearchResult]], k: int, first: list[SearchResult] | None = None
+) -> list[SearchResult]:
     """The ``k`` best of an engine that ranks by score but cuts ties at its limit arbitrarily.
 
     ``fetch(n)`` returns the ``n`` best by score, ties in any order. Rows tied
     with the k-th could be left out by its limit, so fetch more until the last
     row fetched scores below the k-th: then every tied row was seen, and
-    :func:`rank_key` decides among them.
+    :func:`rank_key` decides among them. ``first``: what ``fetch(k + 1)`` returned
+    already (fetched along with something else).
     """
     n = k + 1
+    got = fetch(n) if first is None else first
     while True:
-        hits = sorted(fetch(n), key=rank_key)
+        hits = sorted(got, key=rank_key)
         if len(hits) < n or hits[-1].score < hits[k - 1].score:
             return hits[:k]
         n *= 4
+        got = fetch(n)
 
 
 def fuse(rankings: Sequence[Sequence[SearchResult]], k: int) -> list[SearchResult]:

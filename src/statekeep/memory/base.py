@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
@@ -116,6 +118,7 @@ class MemoryStore(Upkeep):
                 raise InvalidInputError("must be a function returning aware datetimes", field="clock")
         self.embedder: Embedder = embedder or SentenceTransformerEmbedder()
         self._clock = clock or (lambda: datetime.now(UTC))
+        self._write_lock = threading.RLock()
 
     def now(self) -> datetime:
         """The store's clock (UTC)."""
@@ -203,7 +206,7 @@ class MemoryStore(Upkeep):
                 f"must be {len(memories)} finite vectors of {self.embedder.dimension} numbers",
                 field="vectors",
             )
-        with tracing.span("memory.write", {"statekeep.memory.backend": self.backend}):
+        with tracing.span("memory.write", {"statekeep.memory.backend": self.backend}), self._writing():
             return self._insert(list(memories), check_vectors(self.embedder, vectors, len(memories)))
 
     def supersede(
@@ -253,31 +256,64 @@ class MemoryStore(Upkeep):
         inputs = [_types.check_input(item, now) for item in items]
         idents = [_dedupe.identity(i.content, i.key) for i in inputs]
         policy: DedupeMode = self.dedupe if dedupe else "none"
-        found = self._same(owner, sorted(set(idents)), now) if policy != "none" else {}
-        first, fresh = _dedupe.plan(idents, found, policy)
-        stored: dict[int, Memory] = {}
-        if fresh:
-            vectors = self._embed([inputs[i].content for i in fresh])
-            ids = [new_id() for _ in fresh]
-            links = self._similar(owner, vectors, ids) if policy == "similar" else [None] * len(fresh)
-            memories = [
-                self._memory(mid, owner, inputs[i], now, ident, link)
-                for mid, i, ident, link in zip(ids, fresh, [idents[i] for i in fresh], links, strict=True)
-            ]
-            if supersedes is None:
-                written = self._insert(memories, vectors)
-            else:
-                written = [self._insert_superseding(memories[0], vectors, supersedes)]
-            stored = dict(zip(fresh, map(merged, written), strict=True))
+        with self._writing():
+            found = self._same(owner, sorted(set(idents)), now) if policy != "none" else {}
+            first, fresh = _dedupe.plan(idents, found, policy)
+            stored = self._store_fresh(owner, inputs, idents, fresh, policy, now, supersedes)
+        lost = sorted({idents[i] for i in fresh if i not in stored})
+        if lost:  # another writer stored them since _same looked
+            found |= self._same(owner, lost, now)
         out = []
         for i, ident in enumerate(idents):
             if i in stored:
                 out.append(stored[i])
                 continue
-            existing = found[ident] if ident in found else stored[first[ident]]
+            existing = found.get(ident) or stored.get(first[ident])
+            if existing is None:  # stored by another writer, then superseded or erased: try again
+                out.append(self._write(owner, [inputs[i]], dedupe=True)[0])
+                continue
             why = Dedupe("same_key" if inputs[i].key is not None else "same_text", existing.id, stored=False)
             out.append(dataclasses.replace(existing, dedupe=why))
         return out
+
+    def _store_fresh(
+        self,
+        owner: str,
+        inputs: list[MemoryInput],
+        idents: list[str],
+        fresh: list[int],
+        policy: DedupeMode,
+        now: datetime,
+        supersedes: str | None,
+    ) -> dict[int, Memory]:
+        """Embed and store the items ``fresh`` names; those another writer stored meanwhile are left out."""
+        if not fresh:
+            return {}
+        vectors = self._embed([inputs[i].content for i in fresh])
+        ids = [new_id() for _ in fresh]
+        links = self._similar(owner, vectors, ids) if policy == "similar" else [None] * len(fresh)
+        memories = [
+            self._memory(mid, owner, inputs[i], now, idents[i], link)
+            for mid, i, link in zip(ids, fresh, links, strict=True)
+        ]
+        written: list[Memory | None]
+        if supersedes is not None:
+            written = [self._insert_superseding(memories[0], vectors, supersedes)]
+        elif policy == "none":
+            written = list(self._insert(memories, vectors))
+        else:  # another writer may have stored one of these identities since _same looked
+            written = self._insert_unless_same(memories, vectors, now)
+        return {i: merged(m) for i, m in zip(fresh, written, strict=True) if m is not None}
+
+    def _writing(self) -> AbstractContextManager[object]:
+        """Held from a write's look at what the owner has until what is new is stored.
+
+        This default, one lock per store, makes the threads of one process take
+        turns (the in-memory and LanceDB backends have one writing process). A
+        backend that many processes write to settles concurrent writers of one
+        fact in its database (:meth:`_insert_unless_same`) and holds nothing here.
+        """
+        return self._write_lock
 
     def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> Memory:
         """Insert ``new`` and mark ``old_id`` superseded by it; transactional backends do both at once."""

@@ -50,6 +50,9 @@ class InMemoryMemoryStore(base.MemoryStore):
         self._lock: threading.RLock = shared._lock if shared else threading.RLock()
         self._seq: itertools.count[int] = shared._seq if shared else itertools.count(1)
 
+    def _writing(self) -> threading.RLock:
+        return self._lock  # shared with the stores opened on the same memories (``shared=``)
+
     def _owned(self, owner: str) -> dict[str, tuple[Memory, Vectors]]:
         return self._rows.get(owner, {})
 

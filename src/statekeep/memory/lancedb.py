@@ -19,7 +19,6 @@ indexes included: its cost follows the owner's rows, not the table.
 from __future__ import annotations
 
 import functools
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -165,7 +164,8 @@ class LanceDBMemoryStore(base.MemoryStore):
         **kw: Any,
     ) -> None:
         super().__init__(embedder, **kw)
-        self._serial = threading.RLock()
+        # one lock for the store's operations and for a write's look-then-store (``_writing``)
+        self._serial = self._write_lock
         with requires("lancedb", "LanceDB memory"):
             import lancedb
         check_int(exact_below, "exact_below")

@@ -18,10 +18,12 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -31,6 +33,8 @@ import psycopg
 import sqlalchemy as sa
 from pgvector.psycopg.vector import register_vector_info
 from psycopg import pq
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
 from psycopg.rows import dict_row
 from psycopg.types import TypeInfo
 from sqlalchemy.engine import Connection
@@ -63,6 +67,18 @@ class _Statement:
     sql: str
     params: Mapping[str, Any] | Sequence[Mapping[str, Any]]
     many: bool = False
+
+
+class _JsonbLoader(Loader):
+    """jsonb as psycopg loads it (``json.loads``), without its per-value detour through bytes detection.
+
+    A search decodes the metadata of every memory it returns; most of them hold
+    none (``{}``), and psycopg's loader spent more on those than on the rest of the row.
+    """
+
+    def load(self, data: Buffer) -> Any:
+        text = bytes(data).decode()
+        return {} if text == "{}" else json.loads(text)
 
 
 def _rows(cursor: psycopg.Cursor[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -148,6 +164,7 @@ class PgVectorMemoryStore(base.MemoryStore):
             if self._vector_type is None:
                 self._vector_type = TypeInfo.fetch(raw, "vector")
             register_vector_info(raw, self._vector_type)  # registers no loader we use; dumpers only
+            raw.adapters.register_loader("jsonb", _JsonbLoader)  # the same values, sooner
             self._binary.add(raw)
         return raw
 
@@ -267,18 +284,43 @@ class PgVectorMemoryStore(base.MemoryStore):
     def _insert(
         self, memories: list[Memory], vectors: Vectors, supersedes: str | None = None
     ) -> list[Memory]:
+        return [m for m in self._write_rows(memories, vectors, supersedes=supersedes) if m is not None]
+
+    def _writing(self) -> AbstractContextManager[object]:
+        return nullcontext()  # writers of one fact take turns in the database (_insert_unless_same)
+
+    def _insert_unless_same(
+        self, memories: list[Memory], vectors: Vectors, now: datetime
+    ) -> list[Memory | None]:
+        return self._write_rows(memories, vectors, unless_same=now)
+
+    def _write_rows(
+        self,
+        memories: list[Memory],
+        vectors: Vectors,
+        *,
+        supersedes: str | None = None,
+        unless_same: datetime | None = None,
+    ) -> list[Memory | None]:
+        """Insert memories in one transaction (``unless_same``: those whose identity is not current then)."""
         self._ensure_index(self.embedder.name, vectors.shape[1])
         owner = memories[0].owner
         rows = [{**to_row(m), "embedding": v} for m, v in zip(memories, vectors, strict=True)]
-        ids = [m.id for m in memories]
-        statements = [
-            _Statement(q.INSERT, rows, many=True),
-            _Statement(q.SEQS, {"owner": owner, "ids": ids}),  # the write order the column's default gave
-        ]
+        statements = [_Statement(q.INSERT, rows, many=True)]
+        if unless_same is not None:  # concurrent writers of one identity take turns, each checking anew
+            keys = sorted({q.identity_lock(owner, r["dedupe_key"]) for r in rows})
+            now_us = to_us(unless_same)
+            statements = [
+                _Statement(q.LOCK_IDENTITIES, {"keys": keys}),
+                _Statement(q.INSERT_UNLESS_SAME, [{**r, "now_us": now_us} for r in rows], many=True),
+            ]
+        # the write order the column's default gave (none for a memory not inserted)
+        seqs_at = len(statements)
+        statements.append(_Statement(q.SEQS, {"owner": owner, "ids": [m.id for m in memories]}))
         if supersedes is not None:  # in the same transaction: never both current, never neither
             statements.append(_Statement(q.MARK, {"s": memories[0].id, "owner": owner, "id": supersedes}))
-        seqs = {r["id"]: int(r["seq"]) for r in self._run(owner, statements, write=True)[1]}
-        return [replace(m, seq=seqs[m.id]) for m in memories]
+        seqs = {r["id"]: int(r["seq"]) for r in self._run(owner, statements, write=True)[seqs_at]}
+        return [replace(m, seq=seqs[m.id]) if m.id in seqs else None for m in memories]
 
     def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> Memory:
         return self._insert([new], vectors, supersedes=old_id)[0]
@@ -296,11 +338,11 @@ class PgVectorMemoryStore(base.MemoryStore):
     # --- reads ----------------------------------------------------------------------------
 
     def _nearest_statement(
-        self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
+        self, owner: str, vector: Vectors, n: int, filters: Filters, now: datetime, *, exact: bool
     ) -> _Statement:
         clause, params = q.scope_where(to_us(now), filters)
-        sql = q.nearest_sql(self.embedder.name, vector.shape[0], clause)
-        return _Statement(sql, {**params, "owner": owner, "q": vector, "k": k})
+        sql = q.nearest_sql(self.embedder.name, vector.shape[0], clause, exact=exact)
+        return _Statement(sql, {**params, "owner": owner, "q": vector, "k": n})
 
     def _text_statement(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> _Statement:
         clause, params = q.scope_where(to_us(now), filters)
@@ -315,17 +357,30 @@ class PgVectorMemoryStore(base.MemoryStore):
     def _nearest(
         self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
     ) -> list[SearchResult]:
-        statement = self._nearest_statement(owner, vector, k, filters, now)
+        exact = not self._is_big(owner)
+        fetch = functools.partial(self._fetch_nearest, owner, vector, filters, now)
+        # exact: one more than k, and more only if that one ties with the k-th (see q.nearest_sql)
+        return base.top_k(fetch, k) if exact else fetch(k, exact=False)
+
+    def _fetch_nearest(
+        self, owner: str, vector: Vectors, filters: Filters, now: datetime, n: int, *, exact: bool = True
+    ) -> list[SearchResult]:
+        statement = self._nearest_statement(owner, vector, n, filters, now, exact=exact)
         return self._neighbours(self._run(owner, [statement], write=False, search=True)[0])
 
     def _hybrid(
         self, owner: str, vector: Vectors, query: str, k: int, filters: Filters, now: datetime
     ) -> tuple[list[SearchResult], list[SearchResult]]:
-        """Both rankings of a hybrid search, in one transaction and one round trip."""
-        near = self._nearest_statement(owner, vector, k, filters, now)
+        """Both rankings of a hybrid search in one transaction and one round trip (two if tied at the cut)."""
+        exact = not self._is_big(owner)
+        near = self._nearest_statement(owner, vector, k + 1 if exact else k, filters, now, exact=exact)
         text = self._text_statement(owner, query, k, filters, now)
         near_rows, text_rows = self._run(owner, [near, text], write=False, search=True)
-        return self._neighbours(near_rows), [SearchResult(from_row(r), float(r["rank"])) for r in text_rows]
+        hits = self._neighbours(near_rows)
+        if exact:
+            fetch = functools.partial(self._fetch_nearest, owner, vector, filters, now)
+            hits = base.top_k(fetch, k, first=hits)
+        return hits, [SearchResult(from_row(r), float(r["rank"])) for r in text_rows]
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         clause, params = q.scope_where(to_us(now), None)

@@ -3,13 +3,45 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Sequence
 from datetime import timedelta
 
 import pytest
 
 from statekeep.errors import ConflictError
-from statekeep.memory import Embedder, MemoryStore, Provenance
+from statekeep.memory import Embedder, Memory, MemoryStore, Provenance
+from statekeep.memory.embedders import Vectors
 from statekeep.testing._memory_kit import FACTS, MemoryStoreFactory, _Clock
+
+
+class _Slow:
+    """The suite's embedder, taking a few milliseconds per call as a real model does (a wider race)."""
+
+    def __init__(self, embedder: Embedder) -> None:
+        self.inner, self.name, self.dimension = embedder, embedder.name, embedder.dimension
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        time.sleep(0.005)
+        return self.inner.embed(texts)
+
+
+def _at_once(store: MemoryStore, texts: list[str], key: str | None) -> list[Memory]:
+    """Each text remembered for alice on its own thread, all released by one barrier."""
+    barrier = threading.Barrier(len(texts))
+    results: list[Memory | None] = [None] * len(texts)
+
+    def remember(i: int) -> None:
+        barrier.wait()
+        results[i] = store.remember("alice", texts[i], key=key)
+
+    threads = [threading.Thread(target=remember, args=(i,)) for i in range(len(texts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [m for m in results if m is not None]
 
 
 class DedupeSuite:
@@ -38,6 +70,28 @@ class DedupeSuite:
         # owners never mix
         assert store.remember("bob", "Alice's favourite drink is green tea.").id != first.id
         assert [m.content for m in store.list_memories("alice")] == [first.content, similar.content]
+
+    def test_threads_remembering_one_fact_at_once_store_it_once(
+        self, make_store: MemoryStoreFactory, embedder: Embedder
+    ) -> None:
+        """Threads sharing a store remember the same fact at once: one memory, the others get it back."""
+        store = make_store(_Slow(embedder))
+        for r in range(8):
+            keyed = r % 2 == 1
+            texts = [
+                f"Alice's locker code is {r}",
+                f"alice's LOCKER  code is {r}",
+                f"Alice's locker code is {r} ",
+            ]
+            if keyed:
+                texts = [f"Alice's locker code is now {r}{'!' * i}" for i in range(3)]
+            got = _at_once(store, texts, f"locker-{r}" if keyed else None)
+            assert len({m.id for m in got}) == 1, (
+                f"round {r}: {len({m.id for m in got})} memories of one fact"
+            )
+            reasons = sorted(m.dedupe.reason if m.dedupe else "stored" for m in got)
+            assert reasons == ["same_key" if keyed else "same_text"] * 2 + ["stored"]
+        assert len(store.list_memories("alice")) == 8
 
     def test_duplicates_within_one_batch_return_the_first(self, store: MemoryStore) -> None:
         """remember_many stores a repeat inside the same batch once, and returns it for both items."""
