@@ -232,6 +232,25 @@ def test_erasing_an_owner_drops_their_decoded_entries_from_every_store_object_on
         db.dispose()
 
 
+def test_a_read_begun_before_an_erasure_keeps_nothing_of_what_it_read(sql_url: str) -> None:
+    """A build whose read transaction began before delete_owner committed still reads the old rows
+    (its snapshot), but leaves none of them, nor their stretch, in the shared cache after the erasure."""
+    db = Database(sql_url)
+    store = SQLContextStore(db, counter=CharCounter(1))
+    try:
+        store.extend("s", [Message.user(f"secret {i}") for i in range(10)], owner="alice")
+        with store._view() as view:
+            assert view.head("s") is not None  # the read transaction's snapshot is taken here
+            store.delete_owner("alice")  # commits beside it and empties the cache
+            old = view.tail("s", after=0, before=None, limit=100)
+        assert [e.seq for e in old] == list(range(10, 0, -1))  # the snapshot still held them
+        cache = store._entry_cache
+        assert [key for key in cache._rows if key[0] == "s"] == []
+        assert "s" not in cache._spans
+    finally:
+        db.dispose()
+
+
 def _incarnation(store: SQLContextStore, session_id: str) -> int | None:
     with store.db.read() as conn:
         q = sa.select(sessions.c.incarnation).where(sessions.c.session_id == session_id)

@@ -77,12 +77,17 @@ class EntryCache:
         #: session -> (incarnation, first, last): every row of the session in first..last is cached
         self._spans: dict[str, tuple[int | None, int, int]] = {}
         self._chars = 0
+        #: how many times rows were dropped as deleted (:meth:`forget`, :meth:`forget_sessions`)
+        self.erasures = 0
+        # held to store what a read decoded, and to drop: no drop passes between a store's check and itself
+        self._lock = threading.RLock()
 
     def clear(self) -> None:
         """Forget every cached entry."""
-        self._spans.clear()
-        self._rows.clear()
-        self._chars = 0
+        with self._lock:
+            self._spans.clear()
+            self._rows.clear()
+            self._chars = 0
 
     def forget_sessions(self, session_ids: set[str]) -> None:
         """Drop every entry of these sessions (erased)."""
@@ -93,13 +98,14 @@ class EntryCache:
         self._drop(lambda sid, seq: sid == session_id and seq <= upto, {session_id})
 
     def _drop(self, match: Callable[[str, int], bool], session_ids: set[str]) -> None:
-        for sid in session_ids:
-            self._spans.pop(sid, None)
-        keys = list(self._rows)  # one C-level copy: other threads' builds may insert meanwhile
-        for key in keys:
-            if match(*key):
-                dropped = self._rows.pop(key, None)
-                self._chars -= len(dropped[1][1]) if dropped else 0
+        with self._lock:
+            self.erasures += 1  # a read begun before keeps nothing it read (:meth:`entries`)
+            for sid in session_ids:
+                self._spans.pop(sid, None)
+            for key in list(self._rows):
+                if match(*key):
+                    dropped = self._rows.pop(key)
+                    self._chars -= len(dropped[1][1])
 
     def span(self, session_id: str, incarnation: int | None) -> tuple[int | None, int | None]:
         """The stretch of seqs of this incarnation of the session whose entries are cached, or (None, None).
@@ -118,12 +124,16 @@ class EntryCache:
         rows: Sequence[Any],
         incarnation: int | None = None,
         refetch: Refetch | None = None,
+        since: int | None = None,
     ) -> list[LogEntry]:
         """Rows of ``(seq, kind, payload, tokens, counter)`` as entries, decoding only what is new.
 
         ``rows`` hold every row of the session between their lowest and highest
         seq (a page of the tail). All but the seq may be None where :meth:`span`
         said the entry is cached; if it is not, ``refetch`` reads the row again.
+        ``since``: :attr:`erasures` when the read transaction of ``rows`` began.
+        Rows read before an erasure committed may be rows it deleted: they are
+        returned (the read's snapshot) but not kept.
         """
         get = self._rows.get
         out: list[LogEntry | None] = []
@@ -139,35 +149,36 @@ class EntryCache:
             else:
                 missed.append(len(out))
                 out.append(None)
-        kept = not missed or self._decode(session_id, incarnation, rows, missed, out, refetch)
-        if rows and kept:
-            self._cover(session_id, incarnation, *sorted((rows[0][0], rows[-1][0])))
+        fresh = _with_payloads([rows[i] for i in missed], refetch) if missed else []
+        for i, r, p in zip(missed, fresh, payloads(fresh, self.keys), strict=True):
+            out[i] = LogEntry(session_id, r[0], r[1], p, r[3], r[4])
+        with self._lock:
+            if rows and (since is None or since == self.erasures):
+                self._keep(session_id, incarnation, rows, fresh, [out[i] for i in missed])
         return out  # type: ignore[return-value]  # every None was filled
 
-    def _decode(
+    def _keep(
         self,
         session_id: str,
         incarnation: int | None,
         rows: Sequence[Any],
-        missed: list[int],
-        out: list[LogEntry | None],
-        refetch: Refetch | None,
-    ) -> bool:
-        """Decode the ``missed`` rows into ``out``; return whether every row of ``rows`` is now cached."""
-        fresh = _with_payloads([rows[i] for i in missed], refetch)
+        fresh: list[Any],
+        decoded: list[LogEntry | None],
+    ) -> None:
+        """Keep the entries ``decoded`` from the rows ``fresh`` (of the read ``rows``); record the
+        stretch of ``rows`` as cached when every one of them now is."""
         chars = sum(len(r[2]) for r in fresh)
         keep = len(fresh) <= self.size and chars <= self.chars
         cached = self._rows
         cleared = keep and (len(cached) + len(fresh) > self.size or self._chars + chars > self.chars)
         if cleared:
             self.clear()  # the rows found cached went too
-        for i, r, p in zip(missed, fresh, payloads(fresh, self.keys), strict=True):
-            entry = LogEntry(session_id, r[0], r[1], p, r[3], r[4])
-            if keep:
+        if keep:
+            for r, entry in zip(fresh, decoded, strict=True):
                 cached[(session_id, r[0])] = (incarnation, (r[1], r[2], r[3], r[4]), entry)
-            out[i] = entry
-        self._chars += chars if keep else 0
-        return keep and (not cleared or len(fresh) == len(rows))
+            self._chars += chars
+        if keep and (not cleared or len(fresh) == len(rows)):
+            self._cover(session_id, incarnation, *sorted((rows[0][0], rows[-1][0])))
 
     def _cover(self, session_id: str, incarnation: int | None, first: int, last: int) -> None:
         """Record that every row of the session in ``first..last`` is cached (merged with a touching span)."""

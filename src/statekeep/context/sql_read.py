@@ -87,6 +87,8 @@ class SQLView:
         self._cache = cache
         self._keys = keys
         self._incarnations: dict[str, int | None] = {}
+        # before the transaction's first read: an erasure the snapshot predates changes it
+        self._since = cache.erasures
 
     def head(self, session_id: str) -> Head | None:
         row = self._conn.execute(STATEMENTS["head"], {"sid": session_id}).first()
@@ -113,7 +115,7 @@ class SQLView:
             rows = self._conn.execute(STATEMENTS["tail"], params).all()
         else:
             rows = self._conn.execute(STATEMENTS["tail_before"], {**params, "before": before}).all()
-        return self._cache.entries(session_id, rows, incarnation, self._page(session_id))
+        return self._cache.entries(session_id, rows, incarnation, self._page(session_id), self._since)
 
     def _page(self, session_id: str) -> Refetch:
         def read(first: int, last: int) -> Sequence[Any]:
