@@ -150,11 +150,15 @@ class EntryCache:
                 missed.append(len(out))
                 out.append(None)
         fresh = _with_payloads([rows[i] for i in missed], refetch) if missed else []
-        for i, r, p in zip(missed, fresh, payloads(fresh, self.keys), strict=True):
-            out[i] = LogEntry(session_id, r[0], r[1], p, r[3], r[4])
+        decoded = [
+            LogEntry(session_id, r[0], r[1], p, r[3], r[4])
+            for r, p in zip(fresh, payloads(fresh, self.keys), strict=True)
+        ]
+        for i, entry in zip(missed, decoded, strict=True):
+            out[i] = entry
         with self._lock:
             if rows and (since is None or since == self.erasures):
-                self._keep(session_id, incarnation, rows, fresh, [out[i] for i in missed])
+                self._keep(session_id, incarnation, rows, fresh, decoded)
         return out  # type: ignore[return-value]  # every None was filled
 
     def _keep(
@@ -163,7 +167,7 @@ class EntryCache:
         incarnation: int | None,
         rows: Sequence[Any],
         fresh: list[Any],
-        decoded: list[LogEntry | None],
+        decoded: list[LogEntry],
     ) -> None:
         """Keep the entries ``decoded`` from the rows ``fresh`` (of the read ``rows``); record the
         stretch of ``rows`` as cached when every one of them now is."""
