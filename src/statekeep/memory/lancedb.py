@@ -1,10 +1,11 @@
 """The LanceDB backend: an embedded folder, for one machine and one writer.
 
-Filters are LanceDB SQL strings; every value in them goes through :func:`quote`,
-so an owner such as ``a' OR '1'='1`` is just a string. Searches prefilter by
-owner (and the other filters) before ranking, exactly: ``optimize`` builds no
-vector index (a table an older statekeep indexed is searched through its index
-until ``optimize``, exactly when the filter leaves at most ``exact_below`` rows).
+Filters are LanceDB SQL strings (:mod:`statekeep.memory._lance_sql`); every value in
+them goes through :func:`quote`, so an owner such as ``a' OR '1'='1`` is just a
+string. Searches prefilter by owner (and the other filters) before ranking,
+exactly: ``optimize`` builds no vector index (a table an older statekeep indexed
+is searched through its index until ``optimize``, exactly when the filter leaves
+at most ``exact_below`` rows).
 
 ``optimize`` writes the rows grouped by owner into small data files, the text
 and owner indexes in segments of a few files (:mod:`statekeep.memory._lance_layout`);
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from os import PathLike
@@ -36,6 +37,8 @@ from statekeep.memory import _lance_layout, _lock, base
 from statekeep.memory._dedupe import identity
 from statekeep.memory._exact import nearest
 from statekeep.memory._lance_files import decode_folder as decode_folder  # re-exported: erasure checks
+from statekeep.memory._lance_sql import in_list, where
+from statekeep.memory._lance_sql import quote as quote  # re-exported
 from statekeep.memory._owner_cache import OwnerCache, OwnerRows, narrows, owner_rows
 from statekeep.memory._rows import COLUMNS, from_row, to_us
 from statekeep.memory._types import Filters, Memory, SearchResult
@@ -43,50 +46,6 @@ from statekeep.memory.embedders import Embedder, Vectors
 
 TABLE = "memories"
 NOT_REACHED = ("copies of the folder made outside statekeep (backups, snapshots, synced or copied folders)",)
-
-
-def quote(value: str) -> str:
-    """A LanceDB (DataFusion) SQL string literal: single quotes doubled, nothing else is special."""
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _in(column: str, values: Sequence[str]) -> str:
-    return f"{column} IN ({', '.join(quote(v) for v in values)})"
-
-
-def where(owner: str, filters: Filters | None = None, now: datetime | None = None, **eq: str) -> str:
-    """The SQL filter of a scoped query: the owner always, then what was asked.
-
-    ``now`` restricts to current (not superseded, not merged unless the filters
-    include merged ones), unexpired memories.
-    """
-    parts = [f"owner = {quote(owner)}"] + [f"{k} = {quote(v)}" for k, v in eq.items()]
-    if now is not None:
-        merged = filters is not None and filters.include_merged
-        parts.append("superseded_by IS NULL" if merged else "superseded_by IS NULL AND duplicate_of IS NULL")
-        parts.append(f"(expires_us IS NULL OR expires_us > {to_us(now)})")
-    if filters is not None:
-        parts.extend(_filter_parts(filters))
-    return " AND ".join(parts)
-
-
-def _filter_parts(f: Filters) -> list[str]:
-    parts = []
-    if f.kinds:
-        parts.append(_in("kind", f.kinds))
-    if f.tags:
-        parts.append(f"array_has_all(tags, make_array({', '.join(quote(t) for t in f.tags)}))")
-    if f.since is not None:
-        parts.append(f"created_us >= {to_us(f.since)}")
-    if f.until is not None:
-        parts.append(f"created_us < {to_us(f.until)}")
-    if f.sources:
-        parts.append(_in("source", f.sources))
-    if f.min_trust is not None:
-        parts.append(f"trust >= {f.min_trust!r}")
-    if f.sessions:
-        parts.append(_in("session_id", f.sessions))
-    return parts
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -293,7 +252,8 @@ class LanceDBMemoryStore(base.MemoryStore):
         found: dict[str, Memory] = {}
         alive = f"superseded_by IS NULL AND (expires_us IS NULL OR expires_us > {to_us(now)})"
         for start in range(0, len(identities), 1000):
-            clause = f"{where(owner)} AND {alive} AND {_in('dedupe_key', identities[start : start + 1000])}"
+            chunk = in_list("dedupe_key", identities[start : start + 1000])
+            clause = f"{where(owner)} AND {alive} AND {chunk}"
             for row in sorted(self._rows(clause, [*COLUMNS]), key=lambda r: int(r["seq"])):
                 found.setdefault(row["dedupe_key"], from_row(row))
         return found
@@ -452,7 +412,7 @@ class LanceDBMemoryStore(base.MemoryStore):
     @_one_at_a_time
     def _erase(self, owner: str, ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
         self._writable()
-        clause = where(owner) if ids is None else f"{where(owner)} AND {_in('id', ids)}"
+        clause = where(owner) if ids is None else f"{where(owner)} AND {in_list('id', ids)}"
         dataset = self._dataset()
         removed = dataset.to_table(columns=["id"], filter=clause).column("id").to_pylist()
         self._cache.drop(owner)
@@ -521,7 +481,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         if self._dimension != vectors.shape[1]:
             self._resize(vectors.shape[1])
         by_id = {mid: vectors[i] for i, (_, mid) in enumerate(keys)}
-        rows = [from_row(r) for r in self._rows(_in("id", list(by_id)), list(COLUMNS))]
+        rows = [from_row(r) for r in self._rows(in_list("id", list(by_id)), list(COLUMNS))]
         updated = [Memory(**{**_fields(m), "model": model}) for m in rows]
         batch = _lance_layout.arrow_rows(updated, np.stack([by_id[m.id] for m in rows]), vectors.shape[1])
         self._table.merge_insert("id").when_matched_update_all().execute(batch)
