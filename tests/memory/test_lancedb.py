@@ -268,3 +268,30 @@ def test_a_writers_held_rows_rank_as_lancedb_does(tmp_path: Path) -> None:
 
 def _ranked(store: LanceDBMemoryStore, query: str) -> list[tuple[str, float]]:
     return [(h.memory.id, round(h.score, 6)) for h in store.search("alice", query, k=8)]
+
+
+def test_reembedding_leaves_each_owner_their_own_memory_when_two_share_an_id(tmp_path: Path) -> None:
+    """Ids are unique per owner only: re-embedding two owners' memories of the same id keeps each
+    owner's text, vector and row, and never writes one owner's memory over the other's."""
+    from statekeep.memory import Memory, Provenance
+
+    old, new = FakeEmbedder(8, name="old-model"), FakeEmbedder(8, name="new-model")
+    now = datetime.now(UTC)
+    store = LanceDBMemoryStore(tmp_path / "m", old)
+    for owner in ("ann", "bob"):
+        memory = Memory(
+            "m1", owner, f"{owner}'s secret", "semantic", (), {}, Provenance("user_supplied"), "", now
+        )
+        store.insert([memory])
+    store.close()
+    store = LanceDBMemoryStore(tmp_path / "m", new)
+    try:
+        assert store.reembed() == 2
+        for owner in ("ann", "bob"):
+            assert [(m.owner, m.content, m.model) for m in store.list_memories(owner)] == [
+                (owner, f"{owner}'s secret", "new-model")
+            ]
+            [hit] = store.search(owner, "secret", k=5, mode="vector")
+            assert hit.memory.content == f"{owner}'s secret"
+    finally:
+        store.close()

@@ -480,11 +480,17 @@ class LanceDBMemoryStore(base.MemoryStore):
         self._cache.drop()
         if self._dimension != vectors.shape[1]:
             self._resize(vectors.shape[1])
-        by_id = {mid: vectors[i] for i, (_, mid) in enumerate(keys)}
-        rows = [from_row(r) for r in self._rows(in_list("id", list(by_id)), list(COLUMNS))]
+        # ids are unique per owner only: each row is found, and matched, by its owner and id
+        by_key = {key: vectors[i] for i, key in enumerate(keys)}
+        ids: dict[str, list[str]] = {}
+        for owner, mid in keys:
+            ids.setdefault(owner, []).append(mid)
+        clause = " OR ".join(f"({where(owner)} AND {in_list('id', mids)})" for owner, mids in ids.items())
+        rows = [from_row(r) for r in self._rows(clause, list(COLUMNS))]
         updated = [Memory(**{**_fields(m), "model": model}) for m in rows]
-        batch = _lance_layout.arrow_rows(updated, np.stack([by_id[m.id] for m in rows]), vectors.shape[1])
-        self._table.merge_insert("id").when_matched_update_all().execute(batch)
+        stacked = np.stack([by_key[(m.owner, m.id)] for m in rows])
+        batch = _lance_layout.arrow_rows(updated, stacked, vectors.shape[1])
+        self._table.merge_insert(["owner", "id"]).when_matched_update_all().execute(batch)
 
     def _resize(self, dimension: int) -> None:
         """Rewrite the table for vectors of another length; every memory becomes stale ('' model)."""
