@@ -154,12 +154,13 @@ def test_search_after_an_incremental_optimize_equals_search_after_a_full_layout(
     store.optimize()
     store.remember_many("bob", ["Bob moved his roses to the greenhouse.", "Bob's dog digs up the garden."])
     store.remember_many("ann", ["Ann grows basil on the balcony.", "Ann's soup won a prize."])
-    store.remember("cid", "Cid keeps bees beside the roses.")
+    bees = store.remember("cid", "Cid keeps bees beside the roses.")
     store.optimize()
     assert len(_segments(store)["content_idx"]) == 2  # the earlier one and one over the new rows
     queries = [("bob", "roses in the greenhouse"), ("ann", "basil soup"), ("cid", "bees"), ("bob", "dog")]
     incremental = _results(store, queries)
-    assert [h[0] for h in incremental[3:6]] != [], "the new rows are found"
+    # Cid's one memory, written after the first layout, is found by meaning and by its words
+    assert [hits[0][0] for hits in incremental[6:9]] == [bees.id] * 3, "the new rows are found"
 
     store.optimize(full=True)
 
