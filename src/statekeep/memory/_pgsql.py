@@ -67,6 +67,12 @@ BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 BEGIN_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
 #: Mark a memory superseded by its successor.
 MARK = f"UPDATE {TABLE} SET superseded_by = :s WHERE owner = :owner AND id = :id"
+#: One memory in, superseding ``:supersedes``, only if that one was current: the mark and the insert
+#: are one statement, and a concurrent superseder waits on the row, then finds it marked (no insert).
+INSERT_SUPERSEDING = (
+    f"WITH marked AS (UPDATE {TABLE} SET superseded_by = :id WHERE owner = :owner AND id = :supersedes "
+    f"AND superseded_by IS NULL RETURNING id) {_INTO} SELECT {_VALUES} WHERE EXISTS (SELECT 1 FROM marked)"
+)
 #: The owner's unexpired, not superseded memories with one of the identities, oldest first.
 SAME = (
     f"SELECT {SELECT_COLUMNS} FROM {TABLE} WHERE owner = :owner AND dedupe_key = ANY(:keys) "

@@ -231,6 +231,20 @@ class MemoryStore(Upkeep):
             MemoryNotFoundError: the owner has no such memory.
             ConflictError: the memory was already superseded.
         """
+        with self._writing():  # two threads superseding one memory: the second sees the first's mark
+            return self._supersede(owner, memory_id, content, kind, tags, metadata, provenance, expires_at)
+
+    def _supersede(
+        self,
+        owner: str,
+        memory_id: str,
+        content: str,
+        kind: MemoryKind | None,
+        tags: Iterable[str] | None,
+        metadata: dict[str, Any] | None,
+        provenance: Provenance | None,
+        expires_at: datetime | None,
+    ) -> Memory:
         old = self.get(owner, memory_id)
         if old.superseded_by is not None:
             raise ConflictError(f"memory {memory_id!r} was already superseded by {old.superseded_by!r}")
@@ -298,7 +312,11 @@ class MemoryStore(Upkeep):
         ]
         written: list[Memory | None]
         if supersedes is not None:
-            written = [self._insert_superseding(memories[0], vectors, supersedes)]
+            stored = self._insert_superseding(memories[0], vectors, supersedes)
+            if stored is None:  # another writer superseded it since we looked (pgvector)
+                by = self.get(owner, supersedes).superseded_by
+                raise ConflictError(f"memory {supersedes!r} was already superseded by {by!r}")
+            written = [stored]
         elif policy == "none":
             written = list(self._insert(memories, vectors))
         else:  # another writer may have stored one of these identities since _same looked
@@ -315,8 +333,9 @@ class MemoryStore(Upkeep):
         """
         return self._write_lock
 
-    def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> Memory:
-        """Insert ``new`` and mark ``old_id`` superseded by it; transactional backends do both at once."""
+    def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> Memory | None:
+        """Insert ``new`` and mark ``old_id`` superseded by it; transactional backends do both at once,
+        and neither (None) when ``old_id`` was superseded meanwhile."""
         stored = self._insert([new], vectors)[0]
         self._mark_superseded(new.owner, old_id, new.id)
         return stored

@@ -281,10 +281,8 @@ class PgVectorMemoryStore(base.MemoryStore):
 
     # --- writes ---------------------------------------------------------------------------
 
-    def _insert(
-        self, memories: list[Memory], vectors: Vectors, supersedes: str | None = None
-    ) -> list[Memory]:
-        return [m for m in self._write_rows(memories, vectors, supersedes=supersedes) if m is not None]
+    def _insert(self, memories: list[Memory], vectors: Vectors) -> list[Memory]:
+        return [m for m in self._write_rows(memories, vectors) if m is not None]
 
     def _writing(self) -> AbstractContextManager[object]:
         return nullcontext()  # writers of one fact take turns in the database (_insert_unless_same)
@@ -302,11 +300,14 @@ class PgVectorMemoryStore(base.MemoryStore):
         supersedes: str | None = None,
         unless_same: datetime | None = None,
     ) -> list[Memory | None]:
-        """Insert memories in one transaction (``unless_same``: those whose identity is not current then)."""
+        """Insert memories in one transaction (``unless_same``: those whose identity is not current then;
+        ``supersedes``: the one memory, only if it could mark that one superseded)."""
         self._ensure_index(self.embedder.name, vectors.shape[1])
         owner = memories[0].owner
         rows = [{**to_row(m), "embedding": v} for m, v in zip(memories, vectors, strict=True)]
         statements = [_Statement(q.INSERT, rows, many=True)]
+        if supersedes is not None:  # one memory: inserted only if the old one is marked by it
+            statements = [_Statement(q.INSERT_SUPERSEDING, {**rows[0], "supersedes": supersedes})]
         if unless_same is not None:  # concurrent writers of one identity take turns, each checking anew
             keys = sorted({q.identity_lock(owner, r["dedupe_key"]) for r in rows})
             now_us = to_us(unless_same)
@@ -317,13 +318,11 @@ class PgVectorMemoryStore(base.MemoryStore):
         # the write order the column's default gave (none for a memory not inserted)
         seqs_at = len(statements)
         statements.append(_Statement(q.SEQS, {"owner": owner, "ids": [m.id for m in memories]}))
-        if supersedes is not None:  # in the same transaction: never both current, never neither
-            statements.append(_Statement(q.MARK, {"s": memories[0].id, "owner": owner, "id": supersedes}))
         seqs = {r["id"]: int(r["seq"]) for r in self._run(owner, statements, write=True)[seqs_at]}
         return [replace(m, seq=seqs[m.id]) if m.id in seqs else None for m in memories]
 
-    def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> Memory:
-        return self._insert([new], vectors, supersedes=old_id)[0]
+    def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> Memory | None:
+        return self._write_rows([new], vectors, supersedes=old_id)[0]
 
     def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
         found: dict[str, Memory] = {}

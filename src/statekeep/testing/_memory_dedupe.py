@@ -44,6 +44,26 @@ def _at_once(store: MemoryStore, texts: list[str], key: str | None) -> list[Memo
     return [m for m in results if m is not None]
 
 
+def _superseded_at_once(store: MemoryStore, old_id: str, texts: list[str]) -> list[Memory | BaseException]:
+    """Each text supersedes alice's ``old_id`` on its own thread, all released by one barrier."""
+    barrier = threading.Barrier(len(texts))
+    outcomes: list[Memory | BaseException] = [ConflictError("not run")] * len(texts)
+
+    def supersede(i: int) -> None:
+        barrier.wait()
+        try:
+            outcomes[i] = store.supersede("alice", old_id, texts[i])
+        except BaseException as exc:  # what each thread heard is the caller's to check
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=supersede, args=(i,)) for i in range(len(texts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
+
+
 class DedupeSuite:
     """Only the same fact is deduplicated (by default); merging by similarity is opt-in and visible."""
 
@@ -196,3 +216,20 @@ class DedupeSuite:
         with pytest.raises(ConflictError):
             store.supersede("alice", old.id, "Alice lives in Faro.")
         assert len(store.list_memories("alice")) == 2
+
+    def test_threads_superseding_one_memory_at_once_leave_one_successor(
+        self, make_store: MemoryStoreFactory, embedder: Embedder
+    ) -> None:
+        """Threads supersede the same memory at once: one succeeds, the others hear ConflictError."""
+        store = make_store(_Slow(embedder))
+        for r in range(6):
+            old = store.remember("alice", f"Alice's desk is in room {r}.")
+            texts = [f"Alice's desk moved to room {r}{'0' * i}." for i in range(1, 4)]
+            outcomes = _superseded_at_once(store, old.id, texts)
+            won = [o for o in outcomes if isinstance(o, Memory)]
+            lost = [o for o in outcomes if not isinstance(o, Memory)]
+            assert len(won) == 1, f"round {r}: {len(won)} successors of one memory"
+            assert all(isinstance(o, ConflictError) for o in lost), lost
+            assert store.get("alice", old.id).superseded_by == won[0].id
+        current = [m for m in store.list_memories("alice") if m.superseded_by is None]
+        assert len(current) == 6
