@@ -31,10 +31,12 @@ keeps together (the writer's owner cache is faster still).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
 
+from statekeep.memory._dedupe import identity
 from statekeep.memory._rows import COLUMNS, to_row
 from statekeep.memory._types import Memory
 from statekeep.memory.embedders import Vectors
@@ -82,6 +84,41 @@ def schema(dimension: int) -> Any:
             ("vector", pa.list_(pa.float32(), dimension)),
         ]
     )
+
+
+def fts_index(table: Any) -> None:
+    """Build the full-text index of a table LanceDB just created (``optimize`` lays it out in segments)."""
+    from lancedb.index import FTS
+
+    table.create_index("content", config=FTS(), replace=True)
+
+
+def upgrade(db: Any, name: str, table: Any) -> Any:
+    """Rewrite a table of an older statekeep with the columns of deduplication and ranking.
+
+    Each memory gets its identity (from its text), and a ``seq`` in the order it
+    was written (creation time, then id); the indexes are rebuilt by ``optimize``.
+    """
+    import pyarrow as pa
+
+    old = table.to_arrow()
+    created, ids, contents = (old.column(c).to_pylist() for c in ("created_us", "id", "content"))
+    seq = [0] * old.num_rows
+    for rank, i in enumerate(sorted(range(old.num_rows), key=lambda i: (created[i], ids[i])), start=1):
+        seq[i] = rank
+    dimension = int(old.schema.field("vector").type.list_size)
+    into = schema(dimension)
+    added = {
+        "key": pa.nulls(old.num_rows, pa.string()),
+        "dedupe_key": pa.array([identity(c, None) for c in contents], pa.string()),
+        "duplicate_score": pa.nulls(old.num_rows, pa.float64()),
+        "seq": pa.array(seq, pa.int64()),
+    }
+    data = pa.table({n: added[n] if n in added else old.column(n) for n in into.names}, schema=into)
+    table = db.create_table(name, data=data, schema=into, mode="overwrite")
+    fts_index(table)
+    table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+    return table
 
 
 def arrow_rows(memories: list[Memory], vectors: Vectors, dimension: int) -> Any:

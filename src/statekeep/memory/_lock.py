@@ -1,8 +1,16 @@
-"""A writer lock on a LanceDB folder: LanceDB memory is for one machine and one writer."""
+"""The locks of a LanceDB store: one writer per folder, one operation at a time per store.
+
+LanceDB memory is for one machine and one writer (:class:`FolderLock`); threads
+sharing the store take turns (:func:`one_at_a_time`).
+"""
 
 from __future__ import annotations
 
+import functools
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 from statekeep._extras import requires
 from statekeep.errors import MemoryLockedError
@@ -37,3 +45,43 @@ class FolderLock:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+
+class _Store(Protocol):
+    _serial: Any
+    read_only: bool
+
+    def _reopen(self) -> None: ...
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: How long a read-only store waits before each new try of a read that met the writer's rewrite.
+RETRY_SECONDS = (0.01, 0.05, 0.2, 0.5)
+
+
+def one_at_a_time(method: F) -> F:
+    """Run a store's ``method`` holding its lock (``_serial``): erasing and optimizing delete files
+    (old versions, and files no version refers to yet), which a write or a read in another thread
+    may be using.
+
+    A read-only store reads beside a writer in another process, which no lock
+    reaches: a read that started on a version whose files the writer's erasure
+    or optimize then replaced fails (a file or row address gone), and is tried
+    again on the latest version (``_reopen``).
+    """
+
+    @functools.wraps(method)
+    def locked(self: _Store, *args: Any, **kwargs: Any) -> Any:
+        with self._serial:
+            if not self.read_only:
+                return method(self, *args, **kwargs)
+            for pause in RETRY_SECONDS:
+                try:
+                    return method(self, *args, **kwargs)
+                except (KeyError, OSError, RuntimeError):
+                    time.sleep(pause)
+                    self._reopen()
+            return method(self, *args, **kwargs)
+
+    return locked  # type: ignore[return-value]

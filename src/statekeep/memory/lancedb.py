@@ -19,14 +19,11 @@ indexes included: its cost follows the owner's rows, not the table.
 
 from __future__ import annotations
 
-import functools
-import time
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from os import PathLike
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +31,6 @@ from statekeep._check import check_int
 from statekeep._extras import requires
 from statekeep.errors import ConfigError, ErasureError, InvalidInputError
 from statekeep.memory import _lance_layout, _lock, base
-from statekeep.memory._dedupe import identity
 from statekeep.memory._exact import nearest
 from statekeep.memory._lance_files import decode_folder as decode_folder  # re-exported: erasure checks
 from statekeep.memory._lance_sql import in_list, where
@@ -46,39 +42,6 @@ from statekeep.memory.embedders import Embedder, Vectors
 
 TABLE = "memories"
 NOT_REACHED = ("copies of the folder made outside statekeep (backups, snapshots, synced or copied folders)",)
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-#: How long a read-only store waits before each new try of a read that met the writer's rewrite.
-_RETRY_SECONDS = (0.01, 0.05, 0.2, 0.5)
-
-
-def _one_at_a_time(method: F) -> F:
-    """Run ``method`` holding the store's lock: erasing and optimizing delete files (old versions,
-    and files no version refers to yet), which a write or a read in another thread may be using.
-
-    A read-only store reads beside a writer in another process, which no lock
-    reaches: a read that started on a version whose files the writer's erasure
-    or optimize then replaced fails (a file or row address gone), and is tried
-    again on the latest version.
-    """
-
-    @functools.wraps(method)
-    def locked(self: LanceDBMemoryStore, *args: Any, **kwargs: Any) -> Any:
-        with self._serial:
-            if not self.read_only:
-                return method(self, *args, **kwargs)
-            for pause in _RETRY_SECONDS:
-                try:
-                    return method(self, *args, **kwargs)
-                except (KeyError, OSError, RuntimeError):
-                    time.sleep(pause)
-                    self._table = self._db.open_table(TABLE)
-            return method(self, *args, **kwargs)
-
-    return locked  # type: ignore[return-value]
 
 
 class LanceDBMemoryStore(base.MemoryStore):
@@ -174,38 +137,15 @@ class LanceDBMemoryStore(base.MemoryStore):
         if TABLE in self._db.list_tables().tables:
             table = self._db.open_table(TABLE)
             if "seq" not in table.schema.names:
-                table = self._upgrade(table)
+                table = _lance_layout.upgrade(self._db, TABLE, table)
             return table
         table = self._db.create_table(TABLE, schema=_lance_layout.schema(self.embedder.dimension))
-        _fts_index(table)
+        _lance_layout.fts_index(table)
         return table
 
-    def _upgrade(self, table: Any) -> Any:
-        """Rewrite a table of an older statekeep with the columns of deduplication and ranking.
-
-        Each memory gets its identity (from its text), and a ``seq`` in the order it
-        was written (creation time, then id); the indexes are rebuilt by ``optimize``.
-        """
-        import pyarrow as pa
-
-        old = table.to_arrow()
-        created, ids, contents = (old.column(c).to_pylist() for c in ("created_us", "id", "content"))
-        seq = [0] * old.num_rows
-        for rank, i in enumerate(sorted(range(old.num_rows), key=lambda i: (created[i], ids[i])), start=1):
-            seq[i] = rank
-        dimension = int(old.schema.field("vector").type.list_size)
-        schema = _lance_layout.schema(dimension)
-        added = {
-            "key": pa.nulls(old.num_rows, pa.string()),
-            "dedupe_key": pa.array([identity(c, None) for c in contents], pa.string()),
-            "duplicate_score": pa.nulls(old.num_rows, pa.float64()),
-            "seq": pa.array(seq, pa.int64()),
-        }
-        data = pa.table({n: added[n] if n in added else old.column(n) for n in schema.names}, schema=schema)
-        table = self._db.create_table(TABLE, data=data, schema=schema, mode="overwrite")
-        _fts_index(table)
-        table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
-        return table
+    def _reopen(self) -> None:
+        """Open the table again at its latest version."""
+        self._table = self._db.open_table(TABLE)
 
     def _max_seq(self) -> int:
         import pyarrow.compute as pc
@@ -220,7 +160,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             self._dim = int(self._table.schema.field("vector").type.list_size)
         return self._dim
 
-    @_one_at_a_time
+    @_lock.one_at_a_time
     def close(self) -> None:
         """Release the folder lock."""
         if self._lock is not None:
@@ -232,7 +172,7 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     # --- writes ---------------------------------------------------------------------------
 
-    @_one_at_a_time
+    @_lock.one_at_a_time
     def _insert(self, memories: list[Memory], vectors: Vectors) -> list[Memory]:
         self._writable()
         if self._dimension != vectors.shape[1]:
@@ -247,7 +187,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             self._owner_rows[owner] += len(memories)
         return memories
 
-    @_one_at_a_time
+    @_lock.one_at_a_time
     def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
         found: dict[str, Memory] = {}
         alive = f"superseded_by IS NULL AND (expires_us IS NULL OR expires_us > {to_us(now)})"
@@ -258,13 +198,13 @@ class LanceDBMemoryStore(base.MemoryStore):
                 found.setdefault(row["dedupe_key"], from_row(row))
         return found
 
-    @_one_at_a_time
+    @_lock.one_at_a_time
     def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
         self._writable()
         self._table.update(where=where(owner, id=memory_id), values={"superseded_by": successor})
         self._cache.update(owner, lambda rows: rows.superseding(memory_id, successor))
 
-    @_one_at_a_time
+    @_lock.one_at_a_time
     def optimize(self, *, full: bool = False) -> None:
         """Lay the memories out by owner in small files and index them (text, owner).
 
@@ -295,7 +235,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             # now, not days later: an erasure would otherwise pay for deleting the old files; unverified
             # files too (the index segments built before their merge): this store is the only writer
             dataset.cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
-        self._table = self._db.open_table(TABLE)
+        self._reopen()
         self._indexed = self._has_vector_index()
 
     # --- reads ----------------------------------------------------------------------------
@@ -317,7 +257,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             return query.bypass_vector_index()
         return query.nprobes(self.nprobes).refine_factor(4)
 
-    @_one_at_a_time
+    @_lock.one_at_a_time
     def _nearest(
         self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
     ) -> list[SearchResult]:
@@ -359,7 +299,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         self._cache.put(owner, held, generation)
         return held
 
-    @_one_at_a_time
+    @_lock.one_at_a_time
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         if self._dimension != vectors.shape[1]:
             return [None] * len(vectors)
@@ -370,7 +310,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             found[int(r.get("query_index", 0))] = SearchResult(from_row(r), 1.0 - float(r["_distance"]))
         return found
 
-    @_one_at_a_time
+    @_lock.one_at_a_time
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
         clause = where(owner, filters, now)
         # the owner's memories held in process: the index returns ids and scores, the rest is here
@@ -396,20 +336,20 @@ class LanceDBMemoryStore(base.MemoryStore):
             q = q.select(columns)
         return list(q.limit(self._table.count_rows(clause) or 1).to_list())
 
-    @_one_at_a_time
+    @_lock.one_at_a_time
     def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:
         clause = f"{where(owner, id=memory_id)} AND (expires_us IS NULL OR expires_us > {to_us(now)})"
         rows = self._rows(clause)
         return from_row(rows[0]) if rows else None
 
-    @_one_at_a_time
+    @_lock.one_at_a_time
     def _list(self, owner: str, now: datetime) -> list[Memory]:
         clause = f"{where(owner)} AND (expires_us IS NULL OR expires_us > {to_us(now)})"
         return [from_row(r) for r in self._rows(clause, list(COLUMNS))]
 
     # --- erasure --------------------------------------------------------------------------
 
-    @_one_at_a_time
+    @_lock.one_at_a_time
     def _erase(self, owner: str, ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
         self._writable()
         clause = where(owner) if ids is None else f"{where(owner)} AND {in_list('id', ids)}"
@@ -448,11 +388,11 @@ class LanceDBMemoryStore(base.MemoryStore):
         except (OSError, RuntimeError, ValueError) as exc:
             raise ErasureError(owner, step, str(exc)) from exc
         finally:  # the table object does not see versions written through the dataset
-            self._table = self._db.open_table(TABLE)
+            self._reopen()
             self._owner_rows.clear()
         self._indexed = self._indexed and self._has_vector_index()  # a rewrite never adds one
 
-    @_one_at_a_time
+    @_lock.one_at_a_time
     def _purge(self, now: datetime) -> int:
         self._writable()
         clause = f"expires_us IS NOT NULL AND expires_us <= {to_us(now)}"
@@ -465,16 +405,16 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     # --- re-embedding ---------------------------------------------------------------------
 
-    @_one_at_a_time
+    @_lock.one_at_a_time
     def _count_stale(self, model: str) -> int:
         return int(self._table.count_rows(f"model != {quote(model)}"))
 
-    @_one_at_a_time
+    @_lock.one_at_a_time
     def _stale(self, model: str, limit: int) -> list[tuple[str, str, str]]:
         q = self._table.search().where(f"model != {quote(model)}").select(["owner", "id", "content"])
         return [(r["owner"], r["id"], r["content"]) for r in q.limit(limit).to_list()]
 
-    @_one_at_a_time
+    @_lock.one_at_a_time
     def _set_vectors(self, model: str, keys: list[tuple[str, str]], vectors: Vectors) -> None:
         self._writable()
         self._cache.drop()
@@ -503,14 +443,8 @@ class LanceDBMemoryStore(base.MemoryStore):
         self._cache.drop()
         self._dim = dimension
         self._indexed = False
-        _fts_index(self._table)
+        _lance_layout.fts_index(self._table)
         self._table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
-
-
-def _fts_index(table: Any) -> None:
-    from lancedb.index import FTS
-
-    table.create_index("content", config=FTS(), replace=True)
 
 
 def _fields(memory: Memory) -> dict[str, Any]:
