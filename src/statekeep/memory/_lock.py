@@ -48,7 +48,7 @@ class FolderLock:
 
 
 class _Store(Protocol):
-    _serial: Any
+    _write_lock: Any
     read_only: bool
 
     def _reopen(self) -> None: ...
@@ -61,7 +61,8 @@ RETRY_SECONDS = (0.01, 0.05, 0.2, 0.5)
 
 
 def one_at_a_time(method: F) -> F:
-    """Run a store's ``method`` holding its lock (``_serial``): erasing and optimizing delete files
+    """Run a store's ``method`` holding its lock (the one a write's look-then-store holds, see
+    ``MemoryStore._writing``): erasing and optimizing delete files
     (old versions, and files no version refers to yet), which a write or a read in another thread
     may be using.
 
@@ -73,7 +74,7 @@ def one_at_a_time(method: F) -> F:
 
     @functools.wraps(method)
     def locked(self: _Store, *args: Any, **kwargs: Any) -> Any:
-        with self._serial:
+        with self._write_lock:
             if not self.read_only:
                 return method(self, *args, **kwargs)
             for pause in RETRY_SECONDS:

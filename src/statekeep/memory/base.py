@@ -232,33 +232,20 @@ class MemoryStore(Upkeep):
             ConflictError: the memory was already superseded.
         """
         with self._writing():  # two threads superseding one memory: the second sees the first's mark
-            return self._supersede(owner, memory_id, content, kind, tags, metadata, provenance, expires_at)
-
-    def _supersede(
-        self,
-        owner: str,
-        memory_id: str,
-        content: str,
-        kind: MemoryKind | None,
-        tags: Iterable[str] | None,
-        metadata: dict[str, Any] | None,
-        provenance: Provenance | None,
-        expires_at: datetime | None,
-    ) -> Memory:
-        old = self.get(owner, memory_id)
-        if old.superseded_by is not None:
-            raise ConflictError(f"memory {memory_id!r} was already superseded by {old.superseded_by!r}")
-        item = MemoryInput(
-            content,
-            old.kind if kind is None else kind,
-            tuple(old.tags if tags is None else _types.check_tags(tags)),
-            old.metadata if metadata is None else metadata,
-            provenance or old.provenance,
-            expires_at,
-            old.key,
-        )
-        with tracing.span("memory.write", {"statekeep.memory.backend": self.backend}):
-            return self._write(owner, [item], dedupe=False, supersedes=old.id)[0]
+            old = self.get(owner, memory_id)
+            if old.superseded_by is not None:
+                raise _superseded(memory_id, old.superseded_by)
+            item = MemoryInput(
+                content,
+                old.kind if kind is None else kind,
+                tuple(old.tags if tags is None else _types.check_tags(tags)),
+                old.metadata if metadata is None else metadata,
+                provenance or old.provenance,
+                expires_at,
+                old.key,
+            )
+            with tracing.span("memory.write", {"statekeep.memory.backend": self.backend}):
+                return self._write(owner, [item], dedupe=False, supersedes=old.id)[0]
 
     def _write(
         self, owner: str, items: Sequence[MemoryInput | str], *, dedupe: bool, supersedes: str | None = None
@@ -314,8 +301,7 @@ class MemoryStore(Upkeep):
         if supersedes is not None:
             stored = self._insert_superseding(memories[0], vectors, supersedes)
             if stored is None:  # another writer superseded it since we looked (pgvector)
-                by = self.get(owner, supersedes).superseded_by
-                raise ConflictError(f"memory {supersedes!r} was already superseded by {by!r}")
+                raise _superseded(supersedes, self.get(owner, supersedes).superseded_by)
             written = [stored]
         elif policy == "none":
             written = list(self._insert(memories, vectors))
@@ -496,3 +482,7 @@ class MemoryStore(Upkeep):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _superseded(memory_id: str, by: str | None) -> ConflictError:
+    return ConflictError(f"memory {memory_id!r} was already superseded by {by!r}")

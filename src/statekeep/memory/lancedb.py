@@ -86,8 +86,6 @@ class LanceDBMemoryStore(base.MemoryStore):
         **kw: Any,
     ) -> None:
         super().__init__(embedder, **kw)
-        # one lock for the store's operations and for a write's look-then-store (``_writing``)
-        self._serial = self._write_lock
         with requires("lancedb", "LanceDB memory"):
             import lancedb
         check_int(exact_below, "exact_below")
