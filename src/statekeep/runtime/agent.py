@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args
@@ -21,6 +22,10 @@ from statekeep.working import WorkingState
 #: fails (``rt.retry`` calls the tool again); ``ask``, a person approves calling it again
 #: (a rejection hands the error to the model).
 OnError = Literal["model", "fail", "ask"]
+
+
+#: What model providers accept as a tool's name (OpenAI's and Anthropic's rule).
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,11 @@ class AgentTool:
 
     def __post_init__(self) -> None:
         check_words(self.name, "name")
+        if not TOOL_NAME.fullmatch(self.name):
+            raise InvalidInputError(
+                "must be 1 to 64 letters, digits, '_' or '-': model providers refuse other tool names",
+                field="name",
+            )
         if not callable(self.fn):
             raise InvalidInputError("must be callable", field="fn")
         object.__setattr__(self, "arguments", arguments_model(self.fn, self.name))

@@ -340,8 +340,15 @@ class Runtime:
         return fork_run(self.engine, self.context, self.working, run_id, at_step, new_id, session_id)
 
     def usage(self, run_id: str) -> Usage:
-        """Tokens the run's model calls used so far (prompt, cached, completion), from its journal."""
-        return run_usage(self.engine.store.steps(run_id))
+        """Tokens the run's model calls used so far (prompt, cached, completion), from its journal.
+
+        Raises:
+            RunNotFoundError: there is no such run.
+        """
+        steps = self.engine.store.steps(run_id)
+        if not steps:
+            self.engine.store.get(run_id)  # no run, or one that has not stepped yet
+        return run_usage(steps)
 
     # --- how a call starts a run --------------------------------------------------------------
 
