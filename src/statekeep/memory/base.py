@@ -385,8 +385,9 @@ class MemoryStore(Upkeep):
 
         ``mode="hybrid"`` (the default, the best measured by ``bench/retrieval.py``)
         fuses the vector ranking with the full-text ranking by their normalised
-        scores and lets neighbouring memories of a session lend each other context
-        (see :mod:`statekeep.memory._ranking`); ``"vector"`` ranks by meaning alone
+        scores, lets neighbouring memories of a session lend each other context
+        and scores long memories down by their length (see
+        :mod:`statekeep.memory._ranking`); ``"vector"`` ranks by meaning alone
         (score = cosine), ``"text"`` by full-text relevance alone. Superseded
         and expired memories, and memories embedded by another model, are never
         returned; memories merged into another (``dedupe="similar"``) only with
