@@ -16,6 +16,7 @@ from statekeep.models import INVALID_ARGUMENTS, ToolSpec
 from statekeep.runtime.schema import arguments_model, describe, explain, json_schema
 from statekeep.workflow import Reconciler, RetryPolicy
 from statekeep.working import WorkingState
+from statekeep.working.base import check_run_id
 
 #: What happens when a tool raises (after its transient errors were retried):
 #: ``model``, the error is the tool's result and the model decides; ``fail``, the run
@@ -243,8 +244,9 @@ def check_words(value: object, name: str, limit: int = MAX_ID) -> None:
     )  # blank is empty
 
 
-def check_run(owner: object, task: object, session_id: object) -> None:
+def check_run(run_id: object, owner: object, task: object, session_id: object) -> None:
     """The arguments that start a run, checked before anything is written."""
+    check_run_id(run_id)  # first: the session defaults to the run id, and would be blamed for it
     check_words(owner, "owner")
     check_words(task, "task", limit=100_000)
     if session_id is not None:

@@ -208,7 +208,7 @@ class Runtime:
         Raises:
             SessionOwnerError: the session belongs to another owner; nothing was written.
         """
-        check_run(owner, task, session_id)
+        check_run(run_id, owner, task, session_id)
         workflow = self.register(agent)
         self._claims.claim(session_id or run_id, owner)
         return self.engine.start(workflow, run_id, owner, session_id or run_id, task)
@@ -357,7 +357,7 @@ class Runtime:
     ) -> tuple[Invocation, Callable[[], Run]]:
         """The invocation of a call, and what starts its run (checked before anything runs)."""
         inv = Invocation(turns_left=check_turns(turns))
-        check_run(owner, task, session_id)
+        check_run(run_id, owner, task, session_id)
         workflow = self.register(agent)
         session = session_id or run_id
 
