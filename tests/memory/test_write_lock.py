@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 
 from statekeep.errors import ConflictError
 from statekeep.memory import Memory, SentenceTransformerEmbedder
@@ -151,3 +152,48 @@ def test_supersedes_racing_while_one_embeds_leave_one_successor(
     assert store.get("alice", old.id).superseded_by == quick.id
     current = [m.content for m in store.list_memories("alice") if m.is_current]
     assert current == ["Alice lives in Porto"]
+
+
+@pytest.mark.parametrize("then", ["superseded", "erased"])
+def test_a_fact_another_writer_stored_then_superseded_or_erased_is_stored_again(
+    postgres_url: str, real_embedder: SentenceTransformerEmbedder, then: str
+) -> None:
+    """The write loses the insert to another writer's memory of the fact, which is gone when it looks again.
+
+    Only pgvector, which holds no lock in process, lets another writer in between
+    its look and its insert: while the write embeds, another worker stores the
+    fact; the insert finds it current and stores nothing; before the write looks
+    again, the other worker supersedes or erases it. The write then tries again,
+    and stores the fact.
+    """
+    from statekeep.memory.pgvector import PgVectorMemoryStore
+
+    gate = GatedEmbedder(real_embedder, marker="code is 7")
+    store, other = PgVectorMemoryStore(postgres_url, gate), PgVectorMemoryStore(postgres_url, real_embedder)
+    theirs: list[Memory] = []
+    gate.on_gate = lambda: theirs.append(other.remember("alice", "Alice's locker code is 7"))
+    insert = store._insert_unless_same
+    lost: list[list[Memory | None]] = []
+
+    def insert_then_other_moves(memories: list[Memory], vectors: Any, now: Any) -> list[Memory | None]:
+        stored = insert(memories, vectors, now)
+        if not lost:
+            lost.append(stored)
+            if then == "superseded":
+                other.supersede("alice", theirs[0].id, "Alice's locker code is 8")
+            else:
+                other.forget_one("alice", theirs[0].id)
+        return stored
+
+    store._insert_unless_same = insert_then_other_moves  # type: ignore[method-assign]
+    mine = store.remember("alice", "alice's  LOCKER code is 7")  # the same fact, normalised
+    assert lost == [[None]], "the other writer's memory did not take the insert: the test proves nothing"
+    assert mine.content == "alice's  LOCKER code is 7"
+    assert mine.dedupe is None
+    assert mine.id != theirs[0].id
+    assert store.get("alice", mine.id) == mine
+    current = sorted(m.content for m in store.list_memories("alice") if m.is_current)
+    expected = ["Alice's locker code is 8"] if then == "superseded" else []
+    assert current == sorted([*expected, "alice's  LOCKER code is 7"])
+    store.close()
+    other.close()
