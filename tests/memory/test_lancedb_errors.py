@@ -28,6 +28,12 @@ def written(folder: Path) -> LanceDBMemoryStore:
     return store
 
 
+def read_only(folder: Path) -> LanceDBMemoryStore:
+    """A read-only store on a folder that a writer, now closed, wrote five memories to."""
+    written(folder).close()
+    return LanceDBMemoryStore(folder, FakeEmbedder(), read_only=True)
+
+
 def data_files(folder: Path) -> list[Path]:
     files = sorted((folder / "memories.lance" / "data").iterdir())
     assert files, "no data file: the test proves nothing"
@@ -97,8 +103,7 @@ def test_a_read_only_store_whose_reads_keep_failing_tries_again_then_raises_stor
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = tmp_path / "m"
-    written(folder).close()
-    reader = LanceDBMemoryStore(folder, FakeEmbedder(), read_only=True)
+    reader = read_only(folder)
     monkeypatch.setattr("statekeep.memory._lock.RETRY_SECONDS", (0.0,) * len(RETRY_SECONDS))
     tries: list[str] = []
 
@@ -136,8 +141,7 @@ def test_statekeep_errors_and_interrupts_pass_through_unwrapped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = tmp_path / "m"
-    written(folder).close()
-    reader = LanceDBMemoryStore(folder, FakeEmbedder(), read_only=True)
+    reader = read_only(folder)
     with pytest.raises(InvalidInputError) as refused:  # a ValueError, raised inside a locked operation
         reader.remember("alice", "Alice's new fact")
     assert refused.value.__cause__ is None
