@@ -258,3 +258,26 @@ def test_a_graph_still_running_when_its_thread_is_deleted_ends_without_storing(d
     assert again["messages"] == ["new question", "answer with a secret", "after"]
     assert graph.get_state(config).values["messages"] == again["messages"]
     saver.close()
+
+
+def test_a_delete_between_a_write_and_its_run_leaves_no_run(database_url: str) -> None:
+    """A thread's run is opened after the write that needs it; a delete in between takes it too."""
+    writer, deleter = StatekeepSaver(database_url), StatekeepSaver(database_url)
+    assert writer.runs is not None
+    take = writer.runs._take
+
+    def deleted_first(thread_id: str) -> Any:  # another process deletes the thread at that moment
+        deleter.delete_thread(thread_id)
+        return take(thread_id)
+
+    writer.runs._take = deleted_first  # type: ignore[method-assign]
+    _put(writer, _fresh(), _checkpoint(writer, "secret"))  # its first checkpoint opens the run
+    assert SQLWorkflowStore(database_url).find(f"langgraph:{THREAD}") is None
+    # an interrupt stored by a process that did not hold the run opens it too
+    stored = _put(deleter, _fresh("t-ask"), _checkpoint(deleter, "ask"))
+    writer.put_writes(stored, [("__interrupt__", "ask a person")], "task-ask")
+    assert SQLWorkflowStore(database_url).find("langgraph:t-ask") is None
+    assert _rows(deleter) == {"checkpoints": 0, "blobs": 0, "writes": 0}
+    assert _rows(deleter, "t-ask") == {"checkpoints": 0, "blobs": 0, "writes": 0}
+    writer.close()
+    deleter.close()

@@ -77,6 +77,12 @@ _VERSIONS = sa.select(checkpoints.c.versions).where(
 )
 
 
+def stored(conn: Connection, table: sa.Table, key: dict[str, Any]) -> bool:
+    """Whether ``table`` has a row whose columns equal ``key``."""
+    where = [table.c[k] == v for k, v in key.items()]
+    return conn.execute(sa.select(sa.literal(1)).where(*where).limit(1)).first() is not None
+
+
 def blob_exists(conn: Connection, thread_id: str, ns: str, channel: str, version: str) -> bool:
     """Whether a blob row is (still) there: another process may have pruned a cached base."""
     params = {"thread_id": thread_id, "ns": ns, "channel": channel, "version": version}

@@ -48,6 +48,7 @@ from statekeep.integrations.langgraph import _deleted, _sql
 from statekeep.integrations.langgraph._lists import Lists
 from statekeep.integrations.langgraph._runs import ThreadRuns
 from statekeep.integrations.langgraph._tables import checkpoints, setup
+from statekeep.integrations.langgraph._tables import writes as writes_t
 
 __all__ = ["StatekeepSaver"]
 
@@ -151,6 +152,7 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         meta_type, meta_data = self.serde.dumps_typed(meta)
         run_id = meta.get("run_id")
         row = {
+            _deleted.KEY: _deleted.thread_key(thread_id),
             "thread_id": thread_id,
             "checkpoint_ns": ns,
             "checkpoint_id": checkpoint["id"],
@@ -167,8 +169,7 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         }
         with self._writing("saving a LangGraph checkpoint") as conn:
             # the checkpoint first: a late one (its thread deleted) is not stored, nor are its blobs
-            key = _deleted.thread_key(thread_id)
-            stored = conn.execute(self._sql.put_checkpoint, {**row, _deleted.KEY: key}).first() is not None
+            stored = conn.execute(self._sql.put_checkpoint, row).first() is not None
             if stored:
                 blob_rows = [
                     self._lists.blob_row(conn, (thread_id, ns), k, str(v), serialized[k], parent_id)
@@ -179,10 +180,17 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         if not stored:
             self._refused((thread_id, ns, checkpoint["id"]))
         elif self.runs is not None:
-            self.runs.writing(thread_id)
-        return {
-            "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}
-        }
+            where = {k: row[k] for k in ("thread_id", "checkpoint_ns", "checkpoint_id")}
+            self._opened(self.runs.writing(thread_id), checkpoints, where)
+        return _config(thread_id, ns, checkpoint["id"])
+
+    def _opened(self, opened: bool, table: sa.Table, key: dict[str, Any]) -> None:
+        """A thread's run was opened after a write: if the thread was deleted in between, it goes too."""
+        if opened and self.runs is not None:
+            with self.db.read("checking a LangGraph thread is still there") as conn:
+                if _sql.stored(conn, table, key):
+                    return
+            self.runs.deleted([key["thread_id"]])
 
     def _refused(self, where: tuple[str, str, str]) -> None:
         """A late checkpoint of a deleted thread was not stored: nor will the writes that follow it be."""
@@ -227,10 +235,10 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
             stored = [row for row in special if conn.execute(self._sql.replace_write, row).first()]
         if self.runs is not None and stored:  # not for the interrupt of a late task of a deleted thread
             channels = {r["channel"] for r in stored}
-            if RESUME in channels:
-                self.runs.resumed(base["thread_id"])
-            if INTERRUPT in channels:
-                self.runs.interrupted(base["thread_id"])
+            opened = RESUME in channels and self.runs.resumed(base["thread_id"])
+            opened = (INTERRUPT in channels and self.runs.interrupted(base["thread_id"])) or opened
+            key = {k: stored[0][k] for k in ("thread_id", "checkpoint_ns", "checkpoint_id", "task_id")}
+            self._opened(opened, writes_t, key)
 
     # --- reading ---------------------------------------------------------------------------
 
