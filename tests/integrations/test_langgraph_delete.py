@@ -23,7 +23,7 @@ from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 from langgraph.graph import END, START, StateGraph
 
 from statekeep.integrations.langgraph import StatekeepSaver, _sql
-from statekeep.integrations.langgraph._tables import blobs, checkpoints, writes
+from statekeep.integrations.langgraph._tables import blobs, checkpoints, deleted_threads, writes
 from statekeep.workflow import SQLWorkflowStore
 
 THREAD = "t-erase"
@@ -281,3 +281,79 @@ def test_a_delete_between_a_write_and_its_run_leaves_no_run(database_url: str) -
     assert _rows(deleter, "t-ask") == {"checkpoints": 0, "blobs": 0, "writes": 0}
     writer.close()
     deleter.close()
+
+
+def test_a_new_conversation_stores_what_the_first_did_subgraphs_included(database_url: str) -> None:
+    """After a delete, the same graph on the same thread id stores the same rows, in every namespace."""
+    saver = StatekeepSaver(database_url)
+    inner = StateGraph(Talk)
+    inner.add_node("think", lambda state: {"messages": ["thought"]})
+    inner.add_edge(START, "think")
+    inner.add_edge("think", END)
+    outer = StateGraph(Talk)
+    outer.add_node("sub", inner.compile())
+    outer.add_node("reply", lambda state: {"messages": ["reply"]})
+    outer.add_edge(START, "sub")
+    outer.add_edge("sub", "reply")
+    outer.add_edge("reply", END)
+    graph = outer.compile(checkpointer=saver)
+    config: RunnableConfig = {"configurable": {"thread_id": THREAD}}
+
+    def by_namespace() -> dict[bool, int]:
+        with saver.db.read() as conn:
+            q = sa.select(checkpoints.c.checkpoint_ns).where(checkpoints.c.thread_id == THREAD)
+            namespaces = list(conn.execute(q).scalars())
+        return {nested: sum(1 for ns in namespaces if bool(ns) == nested) for nested in (False, True)}
+
+    first = graph.invoke({"messages": ["hi"]}, config, durability="sync")
+    stored = by_namespace()
+    assert stored[True] > 0  # the subgraph's checkpoints have their own namespace
+    saver.delete_thread(THREAD)
+    again = graph.invoke({"messages": ["hi"]}, config, durability="sync")
+    assert again == first
+    assert by_namespace() == stored
+    saver.close()
+
+
+def test_writes_that_come_before_their_checkpoint_are_kept_in_a_new_conversation(database_url: str) -> None:
+    """LangGraph saves a step's writes beside its checkpoint: even first, a new conversation keeps them."""
+    saver = StatekeepSaver(database_url)
+    old = _checkpoint(saver, "old")
+    _put(saver, _fresh(), old)
+    saver.delete_thread(THREAD)
+    new = _checkpoint(saver, "new")  # its id is newer than anything the deleted thread had
+    early: RunnableConfig = {"configurable": {**_fresh()["configurable"], "checkpoint_id": new["id"]}}
+    saver.put_writes(early, [("messages", "early write")], "task-early")
+    assert _put(saver, _fresh(), new) == early
+    found = saver.get_tuple(_fresh())
+    assert found is not None
+    assert found.pending_writes == [("task-early", "messages", "early write")]
+    saver.close()
+
+
+def test_a_deleted_thread_leaves_no_id_in_the_clear(database_url: str) -> None:
+    """What a delete keeps names the thread by a hash of its id."""
+    saver = StatekeepSaver(database_url)
+    _put(saver, _fresh(), _checkpoint(saver, "secret"))
+    saver.delete_thread(THREAD)
+    with saver.db.read() as conn:
+        kept = conn.execute(sa.select(deleted_threads)).all()
+    assert len(kept) == 1
+    assert THREAD not in "".join(str(v) for v in kept[0])
+    saver.close()
+
+
+def test_a_copy_into_a_deleted_thread_is_a_new_conversation_there(database_url: str) -> None:
+    """Copied checkpoints exist in the deleted thread id: writes to them and steps from them are kept."""
+    saver = StatekeepSaver(database_url)
+    _put(saver, _fresh(), _checkpoint(saver, "old secret"))
+    saver.delete_thread(THREAD)
+    source = _checkpoint(saver, "copied")
+    copied = _put(saver, _fresh("t-source"), source)
+    saver.copy_thread("t-source", THREAD)
+    here: RunnableConfig = {"configurable": {**copied["configurable"], "thread_id": THREAD}}
+    saver.put_writes(here, [("messages", "pending")], "task-1")
+    nxt = _put(saver, here, _checkpoint(saver, "continued", source))
+    assert [t.config for t in saver.list(_fresh())] == [nxt, here]
+    assert _stored_text(saver) == ["['continued']", "['copied']", "pending"]
+    saver.close()
