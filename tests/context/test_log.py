@@ -359,3 +359,24 @@ def test_stores_on_one_database_share_decoded_entries_only_with_the_same_key_rin
     with pytest.raises(SealedDataError):
         keyless.build("s", 1000)
     db.dispose()
+
+
+def test_the_entry_cache_drops_an_erased_incarnation_when_the_session_is_read_again() -> None:
+    """A session erased in another process and started again under its id: this process's entries of
+    the erased incarnation are never served (another incarnation), and are not kept either."""
+    from statekeep.context.sql import EntryCache
+
+    cache = EntryCache(size=1000)
+    old = [(seq, "user", f'{{"role":"user","content":"secret {seq}"}}', 3, "c") for seq in range(1, 6)]
+    new = [(seq, "user", f'{{"role":"user","content":"fresh {seq}"}}', 3, "c") for seq in range(1, 3)]
+    cache.entries("s", old, incarnation=1)
+    cache.entries("other", old[:2], incarnation=7)
+    assert [e.message.content for e in cache.entries("s", new, incarnation=2)] == ["fresh 1", "fresh 2"]
+    kept = [entry.message.content for (sid, _), (_, _, entry) in cache._rows.items() if sid == "s"]
+    assert kept
+    assert not any("secret" in c for c in kept)
+    assert {seq for sid, seq in cache._rows if sid == "s"} == {1, 2}
+    assert {seq for sid, seq in cache._rows if sid == "other"} == {1, 2}  # other sessions untouched
+    assert cache._chars == sum(len(r[2]) for r in new + old[:2])
+    assert cache.span("s", 2) == (1, 2)
+    assert cache.span("s", 1) == (None, None)

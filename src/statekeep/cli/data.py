@@ -86,6 +86,7 @@ def memory_list(
     """Every memory of an owner, newest first, superseded and duplicates included, with provenance."""
     with memory_store_for(database_url, home, memory_url, read_only=True) as store:
         memories = list(reversed(store.list_memories(owner)))
+    record_audit(database_url, home, "read_memories", owner, {"results": len(memories)})
     if json_out:
         print_json_text(json.dumps([m.as_dict() for m in memories], ensure_ascii=False, indent=2))
         return

@@ -76,6 +76,8 @@ class EntryCache:
         self._rows: dict[tuple[str, int], tuple[int | None, tuple[Any, ...], LogEntry]] = {}
         #: session -> (incarnation, first, last): every row of the session in first..last is cached
         self._spans: dict[str, tuple[int | None, int, int]] = {}
+        #: session -> the incarnation its cached rows are of
+        self._incarnations: dict[str, int | None] = {}
         self._chars = 0
         #: how many times rows were dropped as deleted (:meth:`forget`, :meth:`forget_sessions`)
         self.erasures = 0
@@ -86,6 +88,7 @@ class EntryCache:
         """Forget every cached entry."""
         with self._lock:
             self._spans.clear()
+            self._incarnations.clear()
             self._rows.clear()
             self._chars = 0
 
@@ -100,12 +103,16 @@ class EntryCache:
     def _drop(self, match: Callable[[str, int], bool], session_ids: set[str]) -> None:
         with self._lock:
             self.erasures += 1  # a read begun before keeps nothing it read (:meth:`entries`)
-            for sid in session_ids:
-                self._spans.pop(sid, None)
-            for key in list(self._rows):
-                if match(*key):
-                    dropped = self._rows.pop(key)
-                    self._chars -= len(dropped[1][1])
+            self._remove(match, session_ids)
+
+    def _remove(self, match: Callable[[str, int], bool], session_ids: set[str]) -> None:
+        for sid in session_ids:
+            self._spans.pop(sid, None)
+            self._incarnations.pop(sid, None)
+        for key in list(self._rows):
+            if match(*key):
+                dropped = self._rows.pop(key)
+                self._chars -= len(dropped[1][1])
 
     def span(self, session_id: str, incarnation: int | None) -> tuple[int | None, int | None]:
         """The stretch of seqs of this incarnation of the session whose entries are cached, or (None, None).
@@ -173,6 +180,11 @@ class EntryCache:
         stretch of ``rows`` as cached when every one of them now is."""
         chars = sum(len(r[2]) for r in fresh)
         keep = len(fresh) <= self.size and chars <= self.chars
+        if self._incarnations.setdefault(session_id, incarnation) != incarnation:
+            # erased (in another process, or by older code) and started again: the entries of
+            # the erased incarnation would never be served; they are not kept either
+            self._remove(lambda sid, seq: sid == session_id, {session_id})
+            self._incarnations[session_id] = incarnation
         cached = self._rows
         cleared = keep and (len(cached) + len(fresh) > self.size or self._chars + chars > self.chars)
         if cleared:
