@@ -28,6 +28,7 @@ from statekeep.cli._common import (
     runs_app,
     show_table,
 )
+from statekeep.errors import InvalidInputError
 
 # --- runs ------------------------------------------------------------------------------------
 
@@ -137,7 +138,9 @@ def runs_events(
 @runs_app.command("cancel")
 def runs_cancel(run_id: RunID, database_url: DatabaseURL = None, home: Home = None) -> None:
     """Cancel a live run; no worker will advance it again."""
-    run = open_workflow(database_url, home).cancel(run_id)
+    store = open_workflow(database_url, home)
+    _not_a_thread(store.get(run_id), "cancel")
+    run = store.cancel(run_id)
     record_audit(database_url, home, "cancel", run.run_id)
     console.print(literal(f"run {run.run_id}: {run.status}"))
 
@@ -145,7 +148,9 @@ def runs_cancel(run_id: RunID, database_url: DatabaseURL = None, home: Home = No
 @runs_app.command("retry")
 def runs_retry(run_id: RunID, database_url: DatabaseURL = None, home: Home = None) -> None:
     """Make a failed run runnable again: a worker continues it after its last completed step."""
-    run = open_workflow(database_url, home).retry(run_id)
+    store = open_workflow(database_url, home)
+    _not_a_thread(store.get(run_id), "retry")
+    run = store.retry(run_id)
     console.print(
         literal(f"run {run.run_id}: {run.status}; a worker continues it after step #{run.last_seq}")
     )
@@ -272,3 +277,18 @@ def _decide(
     action: Action = "approve" if approve else "reject"
     record_audit(database_url, home, action, decided.approval_id, {"run": decided.run_id, "by": by})
     return decided
+
+
+#: The workflow of LangGraph threads' runs (``statekeep.integrations.langgraph._runs.WORKFLOW``;
+#: not imported: the CLI works without LangGraph installed).
+LANGGRAPH = "langgraph"
+
+
+def _not_a_thread(run: Run, what: str) -> None:
+    """Refuse to cancel or retry a LangGraph thread's run: the graph, not a statekeep worker, drives it."""
+    if run.workflow == LANGGRAPH:
+        raise InvalidInputError(
+            f"run {run.run_id!r} mirrors a LangGraph thread, which the graph drives, not a statekeep "
+            f"worker: {what} it in your application (to erase it: StatekeepSaver.delete_thread)",
+            field="run_id",
+        )
