@@ -69,6 +69,9 @@ def runs_list(
         "run id", "workflow", "owner", "status", "steps", "created", "updated", caption_justify="left"
     )
     keep_whole(table, 0, [r.run_id for r in page.runs])
+    keep_whole(table, 3, [str(r.status) for r in page.runs])
+    for column in table.columns[1:3]:
+        column.overflow = "fold"  # long names wrap onto the next line, never cut
     for run in page.runs:
         table.add_row(
             literal(run.run_id),
@@ -128,6 +131,8 @@ def runs_events(
         print_json_text(json.dumps(rows, ensure_ascii=False, indent=2, default=str))
         return
     table = Table("time", "seq", "event", "name", "status", "detail", title=literal(f"run {run_id}"))
+    for column in table.columns:
+        column.overflow = "fold"  # ids and keys in names and details wrap, never cut
     for e in entries:
         at = f"{e.at:%H:%M:%S.%f}"[:-3]
         seq = "-" if e.seq is None else str(e.seq)
