@@ -380,3 +380,20 @@ def test_the_entry_cache_drops_an_erased_incarnation_when_the_session_is_read_ag
     assert cache._chars == sum(len(r[2]) for r in new + old[:2])
     assert cache.span("s", 2) == (1, 2)
     assert cache.span("s", 1) == (None, None)
+
+
+def test_the_entry_cache_drops_an_erased_incarnation_it_kept_while_emptying_itself() -> None:
+    """A read that empties the full cache keeps its rows: they are still known as of their incarnation,
+    so reading the session's next incarnation drops them."""
+    from statekeep.context.sql import EntryCache
+
+    def row(seq: int, text: str) -> tuple[int, str, str, int, str]:
+        return (seq, "user", f'{{"role":"user","content":"{text} {seq}"}}', 3, "c")
+
+    cache = EntryCache(size=4)
+    cache.entries("x", [row(seq, "other") for seq in (1, 2, 3)], incarnation=5)
+    cache.entries("s", [row(seq, "secret") for seq in (1, 2)], incarnation=1)  # 3 + 2 > 4: emptied first
+    assert {seq for sid, seq in cache._rows if sid == "s"} == {1, 2}, "the test must keep the erased rows"
+    cache.entries("s", [row(10, "fresh")], incarnation=2)
+    assert {key: kept[0] for key, kept in cache._rows.items()} == {("s", 10): 2}
+    assert cache._chars == len(row(10, "fresh")[2])

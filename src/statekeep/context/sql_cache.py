@@ -189,6 +189,7 @@ class EntryCache:
         cleared = keep and (len(cached) + len(fresh) > self.size or self._chars + chars > self.chars)
         if cleared:
             self.clear()  # the rows found cached went too
+            self._incarnations[session_id] = incarnation  # the rows kept below are of it
         if keep:
             for r, entry in zip(fresh, decoded, strict=True):
                 cached[(session_id, r[0])] = (incarnation, (r[1], r[2], r[3], r[4]), entry)
