@@ -163,6 +163,18 @@ def test_memory_add_search_export_forget(cli, tmp_path: Path) -> None:  # type: 
     assert code == 0
     assert json.loads((tmp_path / "ada.json").read_text())["owner"] == "ada"
     assert (tmp_path / "ada.json").stat().st_mode & 0o777 == 0o600
+    (tmp_path / "ada.json").unlink()
+    (tmp_path / "shared.txt").write_text("someone else's file")
+    (tmp_path / "shared.txt").chmod(0o644)
+    (tmp_path / "ada.json").symlink_to(tmp_path / "shared.txt")
+    code, _ = cli("memory", "export", "ada", "--out", str(tmp_path / "ada.json"), "--force")
+    assert code == 0
+    assert (tmp_path / "shared.txt").read_text() == "someone else's file"  # replaced, not followed
+    assert (tmp_path / "shared.txt").stat().st_mode & 0o777 == 0o644
+    assert not (tmp_path / "ada.json").is_symlink()
+    assert json.loads((tmp_path / "ada.json").read_text())["owner"] == "ada"
+    assert (tmp_path / "ada.json").stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".part")) == []
     code, out = cli("memory", "forget", "ada", stdin="n\n")
     assert code == 1
     code, out = cli("memory", "search", "ada", "coffee")

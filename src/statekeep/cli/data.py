@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -175,11 +176,22 @@ def memory_export(
 
 def write_private(path: Path, text: str, *, replace: bool) -> None:
     """Write a person's data to a file only its owner can read (0600), never to one that exists
-    unless ``replace``."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if replace else os.O_EXCL)
-    with os.fdopen(os.open(path, flags, 0o600), "w", encoding="utf-8") as f:
-        os.chmod(path, 0o600)  # a replaced file keeps its old mode otherwise
-        f.write(text)
+    unless ``replace``: then a new file takes the place of ``path`` whole (a symlink there is
+    replaced, not followed; a write that fails leaves what was there)."""
+    if replace:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")  # 0600
+    else:
+        fd, name = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), str(path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if replace:
+            os.replace(name, path)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)  # no half-written copy of the data is left behind
+        raise
 
 
 @memory_app.command("reembed")
