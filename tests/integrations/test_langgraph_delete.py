@@ -283,6 +283,23 @@ def test_a_delete_between_a_write_and_its_run_leaves_no_run(database_url: str) -
     deleter.close()
 
 
+def test_a_late_interrupt_saved_before_its_refused_checkpoint_leaves_no_run(database_url: str) -> None:
+    """LangGraph may save a task's interrupt before the step's checkpoint: the interrupt opens the
+    thread's run again; when the checkpoint is refused, that run goes with the interrupt."""
+    saver = StatekeepSaver(database_url)
+    old = _checkpoint(saver, "old")
+    stale = _put(saver, _fresh(), old)
+    saver.delete_thread(THREAD)
+    late = _checkpoint(saver, "late", old)
+    early: RunnableConfig = {"configurable": {**_fresh()["configurable"], "checkpoint_id": late["id"]}}
+    saver.put_writes(early, [("__interrupt__", "late question")], "task-late")
+    assert SQLWorkflowStore(database_url).find(f"langgraph:{THREAD}") is not None  # what the test is about
+    _put(saver, stale, late)
+    assert _rows(saver) == {"checkpoints": 0, "blobs": 0, "writes": 0}
+    assert SQLWorkflowStore(database_url).find(f"langgraph:{THREAD}") is None
+    saver.close()
+
+
 def test_a_new_conversation_stores_what_the_first_did_subgraphs_included(database_url: str) -> None:
     """After a delete, the same graph on the same thread id stores the same rows, in every namespace."""
     saver = StatekeepSaver(database_url)

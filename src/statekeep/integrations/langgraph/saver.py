@@ -194,9 +194,15 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
 
     def _refused(self, where: tuple[str, str, str]) -> None:
         """A late checkpoint of a deleted thread was not stored: nor will the writes that follow it be."""
+        thread_id = where[0]
         with self._writing("ignoring a late write to a deleted LangGraph thread") as conn:
             self._deleting(conn)
             _deleted.refused(conn, self.db.dialect.insert, where)
+            # its task's interrupt, saved first, may have opened the thread's run again: unless a new
+            # conversation has the thread id, that run goes too (its id holds the thread id)
+            empty = not any(_sql.stored(conn, t, {"thread_id": thread_id}) for t in (checkpoints, writes_t))
+        if empty and self.runs is not None:
+            self.runs.deleted([thread_id])
         log.info(
             "a late checkpoint of a deleted LangGraph thread was ignored", extra={"checkpoint_id": where[2]}
         )
