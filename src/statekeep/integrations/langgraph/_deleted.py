@@ -7,11 +7,13 @@ checkpoint of a thread that was deleted since. Its writes must not bring the thr
   parent is gone: it continues a deleted history. A checkpoint without a parent starts a
   new conversation and is stored;
 * writes are stored unless the thread was deleted, their checkpoint is missing, and its
-  id is not past the thread's *horizon*: the greatest checkpoint id the thread had when
-  it was deleted, raised to the id of each late checkpoint refused since. LangGraph
-  saves a task's writes and their checkpoint in parallel, so writes may come first; a
-  new conversation's checkpoint ids are newer than the horizon (LangGraph's ids grow
-  with time), so its writes are never taken for late ones.
+  id is not past the thread's *horizon* (the greatest checkpoint id the thread had when
+  it was deleted) or is one of the late checkpoints refused since. LangGraph saves a
+  task's writes and their checkpoint in parallel, so writes may come first; a new
+  conversation's checkpoint ids are newer than the horizon (LangGraph's ids grow with
+  time), so its writes are never taken for late ones. A refused checkpoint is kept by
+  its exact id, not by raising the horizon: a new conversation's checkpoint made just
+  before it, whose writes come first, keeps them.
 
 Both guards are part of the INSERT itself (no extra statement on the hot path). A delete
 locks the saver's tables for writing (:meth:`~statekeep.db.dialects.Dialect.lock_tables`),
@@ -29,7 +31,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
-from statekeep.integrations.langgraph._tables import blobs, checkpoints, deleted_threads, writes
+from statekeep.integrations.langgraph._tables import (
+    blobs,
+    checkpoints,
+    deleted_threads,
+    refused_checkpoints,
+    writes,
+)
 
 #: The tables a delete holds against writers, always in this order (no lock-order deadlock).
 TABLES = (writes, checkpoints, blobs)
@@ -67,11 +75,16 @@ def checkpoint_guard(p: dict[str, BindParameter[Any]]) -> ColumnElement[bool]:
 
 
 def writes_guard(p: dict[str, BindParameter[Any]]) -> ColumnElement[bool]:
-    """Writes may be stored: their checkpoint is not within a deleted history, or it is there."""
+    """Writes may be stored: their checkpoint is not within a deleted history nor refused, or it is there."""
     late = sa.exists().where(
         deleted_threads.c.thread_key == p[KEY], deleted_threads.c.horizon >= p["checkpoint_id"]
     )
-    return sa.or_(~late, _exists(p, p["checkpoint_id"]))
+    refused = sa.exists().where(
+        refused_checkpoints.c.thread_key == p[KEY],
+        refused_checkpoints.c.checkpoint_ns == p["checkpoint_ns"],
+        refused_checkpoints.c.checkpoint_id == p["checkpoint_id"],
+    )
+    return sa.or_(sa.and_(~late, ~refused), _exists(p, p["checkpoint_id"]))
 
 
 def horizon(conn: Connection, thread_id: str) -> str | None:
@@ -98,7 +111,8 @@ def record(conn: Connection, insert: Callable[[sa.Table], Any], thread_id: str, 
 def refused(conn: Connection, insert: Callable[[sa.Table], Any], where: tuple[str, str, str]) -> None:
     """A late checkpoint was not stored: its writes that came first go, and later ones will not be stored."""
     thread_id, ns, checkpoint_id = where
-    record(conn, insert, thread_id, checkpoint_id)
+    row = {"thread_key": thread_key(thread_id), "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
+    conn.execute(insert(refused_checkpoints).values(**row).on_conflict_do_nothing())
     conn.execute(
         writes.delete().where(
             writes.c.thread_id == thread_id,

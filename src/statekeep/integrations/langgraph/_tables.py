@@ -10,8 +10,9 @@ same channel, and how many (``added``). Deltas keep an append-only ``messages``
 channel linear in the number of steps; reads join the chain back together.
 
 A deleted thread leaves one row in ``deleted_threads``: the SHA-256 of its id (not the
-id) and its *horizon*, the greatest checkpoint id it had. Late writes of a stale worker
-are checked against it (see ``_deleted``).
+id) and its *horizon*, the greatest checkpoint id it had; each late checkpoint refused
+since leaves a row in ``refused_checkpoints``. Late writes of a stale worker are checked
+against both (see ``_deleted``).
 """
 
 from __future__ import annotations
@@ -79,9 +80,19 @@ deleted_threads = sa.Table(
     sa.Column("horizon", sa.String(64), nullable=False),
 )
 
+refused_checkpoints = sa.Table(
+    "refused_checkpoints",
+    metadata,
+    # a late checkpoint of a deleted thread that was not stored: its writes are not stored either
+    sa.Column("thread_key", sa.String(64), primary_key=True),
+    sa.Column("checkpoint_ns", sa.String(255), primary_key=True),
+    sa.Column("checkpoint_id", sa.String(64), primary_key=True),
+)
+
 MIGRATIONS = [
     Migration(1, "checkpoints, blobs, writes", create_tables(metadata, "checkpoints", "blobs", "writes")),
     Migration(2, "deleted threads", create_tables(metadata, "deleted_threads")),
+    Migration(3, "refused late checkpoints", create_tables(metadata, "refused_checkpoints")),
 ]
 
 
