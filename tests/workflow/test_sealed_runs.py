@@ -127,6 +127,21 @@ def test_a_worker_without_keys_holds_a_sealed_run_back_and_a_worker_with_keys_fi
     assert keyed.held_back() == []
 
 
+def test_a_worker_without_keys_stops_at_a_run_whose_input_is_sealed_and_leaves_it_claimable(
+    make_engine: EngineFactory, ring: KeyRing, tmp_path: Path
+) -> None:
+    """A keyless worker cannot even read the run it would claim: it stops with the error, takes no lease."""
+    registry = ship_registry(tmp_path / "effects")
+    keyed = make_engine(registry, keys=ring)
+    keyed.start(registry.get("order", 1), "o-5", "eve")
+    with pytest.raises(SealedDataError, match="'o-5'"):
+        Worker(make_engine(registry), poll=0.01, max_poll=0.05).run(idle_exit=0.2)
+    run = keyed.store.get("o-5")
+    assert (run.status, run.lease_owner) == (RunStatus.PENDING, None)
+    assert Worker(keyed, poll=0.01, max_poll=0.05).run_once() == 1
+    assert keyed.store.get("o-5").status is RunStatus.WAITING_FOR_APPROVAL
+
+
 def test_a_sealed_value_read_without_keys_names_the_run_the_owner_and_the_fix(
     make_engine: EngineFactory, database_url: str, ring: KeyRing, tmp_path: Path
 ) -> None:

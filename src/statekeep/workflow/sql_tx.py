@@ -23,8 +23,8 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from statekeep.db import Database
 from statekeep.db.types import UTCDateTime
-from statekeep.errors import LeaseLostError, SealedDataError
-from statekeep.keys import KeyRing, is_sealed, key_id_of
+from statekeep.errors import LeaseLostError
+from statekeep.keys import KeyRing, is_sealed, no_key_ring
 from statekeep.workflow import codec
 from statekeep.workflow._types import Approval, LedgerEntry, Run, RunStatus, StepRecord
 from statekeep.workflow.base import RunWrite, StagedState, now
@@ -312,17 +312,8 @@ def unseal(keys: KeyRing | None, text: str, whose: str = "a run") -> str:
     if keys is not None:
         return keys.open(text)
     if text.startswith("sk1:") and is_sealed(text):
-        raise SealedDataError(str(key_id_of(text)), no_key_ring("workflow", whose))
+        raise no_key_ring(text, "workflow", whose)
     return text
-
-
-def no_key_ring(store: str, whose: str) -> str:
-    """Why a sealed value cannot be read by a store opened without keys, and how to open it."""
-    return (
-        f"{whose} holds values sealed with its owner's data key, and this {store} store has no key ring:"
-        " open it with keys=open_key_ring(Settings.load()) (from statekeep.keys), as the CLI and the"
-        " Runtime do; for a hand-built engine, Engine(url, registry, keys=...)"
-    )
 
 
 def _whose(row: RowMapping) -> str:
