@@ -139,6 +139,29 @@ def test_threads_are_runs_the_cli_lists(database_url: str) -> None:
     assert listed.returncode == 0, listed.stderr
     assert "langgraph:t-int" in listed.stdout
     assert "waiting_for_event" in listed.stdout
+    for refused in ("cancel", "retry"):  # the graph drives the thread: a cancel here would stop nothing
+        answer = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "statekeep",
+                "runs",
+                refused,
+                "langgraph:t-int",
+                "--database-url",
+                database_url,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "250"},
+        )
+        assert answer.returncode != 0
+        assert "LangGraph thread" in answer.stderr + answer.stdout
+    assert runs.get("langgraph:t-int").status == "waiting_for_event"
+    from statekeep.cli.runs import LANGGRAPH
+    from statekeep.integrations.langgraph._runs import WORKFLOW
+
+    assert LANGGRAPH == WORKFLOW  # the CLI names the adapter's workflow without importing LangGraph
     resume: Command[str] = Command(resume="yes")  # not Command[str](...): a slotted dataclass
     out = graph.invoke(resume, config)
     assert out["answer"] == "yes"

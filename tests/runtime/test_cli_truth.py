@@ -115,6 +115,10 @@ def test_listings_print_json_and_whole_ids(
     assert run_id in out
     code, out = cli("runs", "list")
     assert run_id in out
+    assert "waiting_for_approval" in out  # the status whole, at 80 columns too
+    code, out = cli("runs", "events", run_id)
+    assert code == 0
+    assert ask.approval_id in "".join(line.strip(" │|") for line in out.splitlines())  # folded, not cut
     code, out = cli("approvals", "list", "--json")
     assert json.loads(out)[0]["approval_id"] == ask.approval_id
     for args in (("runs", "show", run_id), ("runs", "events", run_id)):

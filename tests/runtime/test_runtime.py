@@ -268,7 +268,7 @@ def test_bad_agents_and_run_arguments_are_refused(runtime: Runtime) -> None:
     for run_id in ("", "x" * 1000, 7):  # the session defaults to the run id: the run id is blamed
         for call in (runtime.run, runtime.start):
             with pytest.raises(InvalidInputError) as refused:
-                call(agent_app.AGENT, run_id, owner="o", task="x")  # type: ignore[operator]
+                call(agent_app.AGENT, run_id, owner="o", task="x")  # type: ignore[arg-type]
             assert refused.value.field == "run_id"
 
 

@@ -28,6 +28,7 @@ from statekeep.cli._common import (
     runs_app,
     show_table,
 )
+from statekeep.errors import InvalidInputError
 
 # --- runs ------------------------------------------------------------------------------------
 
@@ -68,6 +69,9 @@ def runs_list(
         "run id", "workflow", "owner", "status", "steps", "created", "updated", caption_justify="left"
     )
     keep_whole(table, 0, [r.run_id for r in page.runs])
+    keep_whole(table, 3, [str(r.status) for r in page.runs])
+    for column in table.columns[1:3]:
+        column.overflow = "fold"  # long names wrap onto the next line, never cut
     for run in page.runs:
         table.add_row(
             literal(run.run_id),
@@ -127,6 +131,8 @@ def runs_events(
         print_json_text(json.dumps(rows, ensure_ascii=False, indent=2, default=str))
         return
     table = Table("time", "seq", "event", "name", "status", "detail", title=literal(f"run {run_id}"))
+    for column in table.columns:
+        column.overflow = "fold"  # ids and keys in names and details wrap, never cut
     for e in entries:
         at = f"{e.at:%H:%M:%S.%f}"[:-3]
         seq = "-" if e.seq is None else str(e.seq)
@@ -137,7 +143,9 @@ def runs_events(
 @runs_app.command("cancel")
 def runs_cancel(run_id: RunID, database_url: DatabaseURL = None, home: Home = None) -> None:
     """Cancel a live run; no worker will advance it again."""
-    run = open_workflow(database_url, home).cancel(run_id)
+    store = open_workflow(database_url, home)
+    _not_a_thread(store.get(run_id), "cancel")
+    run = store.cancel(run_id)
     record_audit(database_url, home, "cancel", run.run_id)
     console.print(literal(f"run {run.run_id}: {run.status}"))
 
@@ -145,7 +153,9 @@ def runs_cancel(run_id: RunID, database_url: DatabaseURL = None, home: Home = No
 @runs_app.command("retry")
 def runs_retry(run_id: RunID, database_url: DatabaseURL = None, home: Home = None) -> None:
     """Make a failed run runnable again: a worker continues it after its last completed step."""
-    run = open_workflow(database_url, home).retry(run_id)
+    store = open_workflow(database_url, home)
+    _not_a_thread(store.get(run_id), "retry")
+    run = store.retry(run_id)
     console.print(
         literal(f"run {run.run_id}: {run.status}; a worker continues it after step #{run.last_seq}")
     )
@@ -272,3 +282,18 @@ def _decide(
     action: Action = "approve" if approve else "reject"
     record_audit(database_url, home, action, decided.approval_id, {"run": decided.run_id, "by": by})
     return decided
+
+
+#: The workflow of LangGraph threads' runs (``statekeep.integrations.langgraph._runs.WORKFLOW``;
+#: not imported: the CLI works without LangGraph installed).
+LANGGRAPH = "langgraph"
+
+
+def _not_a_thread(run: Run, what: str) -> None:
+    """Refuse to cancel or retry a LangGraph thread's run: the graph, not a statekeep worker, drives it."""
+    if run.workflow == LANGGRAPH:
+        raise InvalidInputError(
+            f"run {run.run_id!r} mirrors a LangGraph thread, which the graph drives, not a statekeep "
+            f"worker: {what} it in your application (to erase it: StatekeepSaver.delete_thread)",
+            field="run_id",
+        )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -33,6 +34,13 @@ class Dialect:
 
     def lock(self, conn: Connection, key: str) -> None:
         """Serialize a critical section across processes until the transaction ends."""
+
+    def lock_tables(self, conn: Connection, tables: Sequence[sa.Table]) -> None:
+        """Hold off every other writer of these tables until the transaction ends; readers go on.
+
+        The base (SQLite) needs nothing: a write transaction begins IMMEDIATE and so
+        already excludes every other writer.
+        """
 
     def insert(self, table: sa.Table) -> Any:
         """An INSERT that supports ``on_conflict_do_update``/``on_conflict_do_nothing``."""
@@ -138,6 +146,16 @@ class PostgresDialect(Dialect):
     def lock(self, conn: Connection, key: str) -> None:
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_id(key)})
 
+    def lock_tables(self, conn: Connection, tables: Sequence[sa.Table]) -> None:
+        """``LOCK TABLE ... IN SHARE ROW EXCLUSIVE MODE``, in the order given.
+
+        It waits for the transactions that are writing these tables to end, and a writer
+        that comes later waits for this one: its statement takes its table lock before its
+        snapshot, so it then sees what this transaction committed.
+        """
+        names = ", ".join(_qualified(conn, t) for t in tables)
+        conn.execute(sa.text(f"LOCK TABLE {names} IN SHARE ROW EXCLUSIVE MODE"))
+
     def insert(self, table: sa.Table) -> Any:
         return postgresql.insert(table)
 
@@ -153,6 +171,15 @@ class PostgresDialect(Dialect):
     def claim(self, query: sa.Select[Any]) -> sa.Select[Any]:
         """``FOR UPDATE SKIP LOCKED``: concurrent workers claim disjoint rows without waiting."""
         return query.with_for_update(skip_locked=True)
+
+
+def _qualified(conn: Connection, table: sa.Table) -> str:
+    """The quoted name of a table, in the schema the connection's translate map gives it."""
+    schemas = conn.get_execution_options().get("schema_translate_map") or {}
+    schema = schemas.get(table.schema, table.schema)
+    prepare = conn.dialect.identifier_preparer
+    name = prepare.quote(table.name)
+    return f"{prepare.quote_schema(schema)}.{name}" if schema else name
 
 
 def _lock_id(key: str) -> int:

@@ -15,7 +15,7 @@ import os
 import threading
 import uuid
 
-from statekeep.errors import RunFinishedError
+from statekeep.errors import RunFinishedError, RunNotFoundError
 from statekeep.workflow import Run, RunStatus, WorkflowStore, codec
 from statekeep.workflow.base import now
 
@@ -41,29 +41,32 @@ class ThreadRuns:
         self._parked: set[str] = set()
         self._lock = threading.Lock()
 
-    def writing(self, thread_id: str) -> None:
-        """The thread is being written: make sure its run exists and is ``running``."""
+    def writing(self, thread_id: str) -> bool:
+        """The thread is being written: make sure its run exists and is ``running``; True if taken now."""
         with self._lock:  # LangGraph writes a checkpoint and a task's writes from two threads at once
             if thread_id in self._held or thread_id in self._parked:
-                return
+                return False
             taken = self._take(thread_id)
             if taken is not None:
                 self._held[thread_id] = taken
+            return taken is not None
 
-    def interrupted(self, thread_id: str) -> None:
-        """An interrupt waits for a person: park the run until the graph resumes."""
+    def interrupted(self, thread_id: str) -> bool:
+        """An interrupt waits for a person: park the run until the graph resumes; True if it was taken now."""
         with self._lock:
-            run = self._held.pop(thread_id, None) or self._take(thread_id)
+            held = self._held.pop(thread_id, None)
+            run = held or self._take(thread_id)
             self._parked.add(thread_id)
             if run is not None:
                 with self.store.fenced(run) as write:
                     write.suspend(RunStatus.WAITING_FOR_EVENT, None, {"langgraph": "interrupt"})
+            return held is None and run is not None
 
-    def resumed(self, thread_id: str) -> None:
-        """A person's answer resumes the graph: take the run again."""
+    def resumed(self, thread_id: str) -> bool:
+        """A person's answer resumes the graph: take the run again; True if it was taken now."""
         with self._lock:
             self._parked.discard(thread_id)
-        self.writing(thread_id)
+        return self.writing(thread_id)
 
     def _take(self, thread_id: str) -> Run | None:
         payload = {"args": [thread_id], "kwargs": {}}
@@ -92,7 +95,7 @@ class ThreadRuns:
             if found is None:
                 continue
             if not found.status.finished:
-                with contextlib.suppress(RunFinishedError):  # finished meanwhile
+                with contextlib.suppress(RunFinishedError, RunNotFoundError):  # finished or deleted meanwhile
                     self.store.cancel(found.run_id)
             doomed.append(found.run_id)
         if doomed:

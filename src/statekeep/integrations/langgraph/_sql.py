@@ -2,6 +2,8 @@
 
 Building an upsert (its ``excluded`` columns above all) costs more than running it on
 SQLite, so :class:`Statements` builds each write once and the saver only binds rows.
+Checkpoints and writes are inserted under the guards of ``_deleted`` (a deleted thread
+stays deleted); their rows carry ``thread_key`` beside their columns.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from statekeep.integrations.langgraph import _delta
+from statekeep.integrations.langgraph import _deleted, _delta
 from statekeep.integrations.langgraph._tables import blobs, checkpoints
 from statekeep.integrations.langgraph._tables import writes as writes_t
 
@@ -38,25 +40,26 @@ class Statements:
     @classmethod
     def build(cls, insert: Callable[[sa.Table], Any]) -> Statements:
         """The statements for a dialect's ``insert`` (one that has ``on_conflict_do_*``)."""
-        upsert = insert(checkpoints)
+        upsert = _deleted.guarded(insert, checkpoints, _deleted.checkpoint_guard)
         upsert = upsert.on_conflict_do_update(
             index_elements=list(_CHECKPOINT_KEY[:3]),
             set_={
                 c.name: upsert.excluded[c.name] for c in checkpoints.c if c.name not in _CHECKPOINT_KEY[:2]
             },
         )
-        replace = insert(writes_t)
+        replace = _deleted.guarded(insert, writes_t, _deleted.writes_guard)
         replace = replace.on_conflict_do_update(
             index_elements=list(_WRITE_KEY),
             set_={c: replace.excluded[c] for c in ("channel", "type", "blob")},
         )
         return cls(
-            put_checkpoint=upsert,
+            # RETURNING says whether the guard let the row in (psycopg gives no rowcount here)
+            put_checkpoint=upsert.returning(checkpoints.c.checkpoint_id),
             put_blobs=insert(blobs).on_conflict_do_nothing(),
             # a write already stored for (task, idx) stays as it is
-            put_writes=insert(writes_t).on_conflict_do_nothing(),
+            put_writes=_deleted.guarded(insert, writes_t, _deleted.writes_guard).on_conflict_do_nothing(),
             # errors, interrupts...: the newest replaces the previous one
-            replace_write=replace,
+            replace_write=replace.returning(writes_t.c.idx),
             copy={t.name: insert(t).on_conflict_do_nothing() for t in (checkpoints, blobs, writes_t)},
         )
 
@@ -72,6 +75,12 @@ _VERSIONS = sa.select(checkpoints.c.versions).where(
     checkpoints.c.checkpoint_ns == sa.bindparam("ns"),
     checkpoints.c.checkpoint_id == sa.bindparam("checkpoint_id"),
 )
+
+
+def stored(conn: Connection, table: sa.Table, key: dict[str, Any]) -> bool:
+    """Whether ``table`` has a row whose columns equal ``key``."""
+    where = [table.c[k] == v for k, v in key.items()]
+    return conn.execute(sa.select(sa.literal(1)).where(*where).limit(1)).first() is not None
 
 
 def blob_exists(conn: Connection, thread_id: str, ns: str, channel: str, version: str) -> bool:

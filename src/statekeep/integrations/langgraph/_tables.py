@@ -8,6 +8,10 @@ A blob row is either a whole serialized channel value or, for a list channel tha
 only grew, a *delta*: the serialized items appended since ``base_version`` of the
 same channel, and how many (``added``). Deltas keep an append-only ``messages``
 channel linear in the number of steps; reads join the chain back together.
+
+A deleted thread leaves one row in ``deleted_threads``: the SHA-256 of its id (not the
+id) and its *horizon*, the greatest checkpoint id it had. Late writes of a stale worker
+are checked against it (see ``_deleted``).
 """
 
 from __future__ import annotations
@@ -66,8 +70,18 @@ writes = sa.Table(
     sa.Column("task_path", sa.String(1024), nullable=False, default=""),
 )
 
+deleted_threads = sa.Table(
+    "deleted_threads",
+    metadata,
+    # SHA-256 (hex) of the thread id: the erased thread's id is not kept in the clear
+    sa.Column("thread_key", sa.String(64), primary_key=True),
+    # the greatest checkpoint id the thread had: writes to a missing checkpoint up to it are late
+    sa.Column("horizon", sa.String(64), nullable=False),
+)
+
 MIGRATIONS = [
     Migration(1, "checkpoints, blobs, writes", create_tables(metadata, "checkpoints", "blobs", "writes")),
+    Migration(2, "deleted threads", create_tables(metadata, "deleted_threads")),
 ]
 
 

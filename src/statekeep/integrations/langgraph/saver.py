@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
+import logging
 import random
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -43,12 +44,15 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise missing("langgraph", "statekeep.integrations.langgraph", exc) from exc
 
-from statekeep.integrations.langgraph import _sql
+from statekeep.integrations.langgraph import _deleted, _sql
 from statekeep.integrations.langgraph._lists import Lists
 from statekeep.integrations.langgraph._runs import ThreadRuns
 from statekeep.integrations.langgraph._tables import checkpoints, setup
+from statekeep.integrations.langgraph._tables import writes as writes_t
 
 __all__ = ["StatekeepSaver"]
+
+log = logging.getLogger("statekeep.langgraph")
 
 
 class StatekeepSaver(BaseCheckpointSaver[str]):
@@ -148,6 +152,7 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         meta_type, meta_data = self.serde.dumps_typed(meta)
         run_id = meta.get("run_id")
         row = {
+            _deleted.KEY: _deleted.thread_key(thread_id),
             "thread_id": thread_id,
             "checkpoint_ns": ns,
             "checkpoint_id": checkpoint["id"],
@@ -162,19 +167,39 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         serialized = {
             k: self.serde.dumps_typed(values[k]) if k in values else (_sql.EMPTY, None) for k in new_versions
         }
-        if self.runs is not None:
-            self.runs.writing(thread_id)
         with self._writing("saving a LangGraph checkpoint") as conn:
-            blob_rows = [
-                self._lists.blob_row(conn, (thread_id, ns), k, str(v), serialized[k], parent_id)
-                for k, v in new_versions.items()
-            ]
-            if blob_rows:
-                conn.execute(self._sql.put_blobs, blob_rows)
-            conn.execute(self._sql.put_checkpoint, row)
-        return {
-            "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}
-        }
+            # the checkpoint first: a late one (its thread deleted) is not stored, nor are its blobs
+            stored = conn.execute(self._sql.put_checkpoint, row).first() is not None
+            if stored:
+                blob_rows = [
+                    self._lists.blob_row(conn, (thread_id, ns), k, str(v), serialized[k], parent_id)
+                    for k, v in new_versions.items()
+                ]
+                if blob_rows:
+                    conn.execute(self._sql.put_blobs, blob_rows)
+        if not stored:
+            self._refused((thread_id, ns, checkpoint["id"]))
+        elif self.runs is not None:
+            where = {k: row[k] for k in ("thread_id", "checkpoint_ns", "checkpoint_id")}
+            self._opened(self.runs.writing(thread_id), checkpoints, where)
+        return _config(thread_id, ns, checkpoint["id"])
+
+    def _opened(self, opened: bool, table: sa.Table, key: dict[str, Any]) -> None:
+        """A thread's run was opened after a write: if the thread was deleted in between, it goes too."""
+        if opened and self.runs is not None:
+            with self.db.read("checking a LangGraph thread is still there") as conn:
+                if _sql.stored(conn, table, key):
+                    return
+            self.runs.deleted([key["thread_id"]])
+
+    def _refused(self, where: tuple[str, str, str]) -> None:
+        """A late checkpoint of a deleted thread was not stored: nor will the writes that follow it be."""
+        with self._writing("ignoring a late write to a deleted LangGraph thread") as conn:
+            self._deleting(conn)
+            _deleted.refused(conn, self.db.dialect.insert, where)
+        log.info(
+            "a late checkpoint of a deleted LangGraph thread was ignored", extra={"checkpoint_id": where[2]}
+        )
 
     def put_writes(
         self,
@@ -185,6 +210,7 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
     ) -> None:
         conf = config["configurable"]
         base = {
+            _deleted.KEY: _deleted.thread_key(str(conf["thread_id"])),
             "thread_id": str(conf["thread_id"]),
             "checkpoint_ns": str(conf.get("checkpoint_ns", "")),
             "checkpoint_id": str(conf["checkpoint_id"]),
@@ -206,14 +232,13 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         with self._writing("saving LangGraph writes") as conn:
             if regular:
                 conn.execute(self._sql.put_writes, regular)
-            for row in special:
-                conn.execute(self._sql.replace_write, row)
-        if self.runs is not None and special:
-            channels = {r["channel"] for r in special}
-            if RESUME in channels:
-                self.runs.resumed(base["thread_id"])
-            if INTERRUPT in channels:
-                self.runs.interrupted(base["thread_id"])
+            stored = [row for row in special if conn.execute(self._sql.replace_write, row).first()]
+        if self.runs is not None and stored:  # not for the interrupt of a late task of a deleted thread
+            channels = {r["channel"] for r in stored}
+            opened = RESUME in channels and self.runs.resumed(base["thread_id"])
+            opened = (INTERRUPT in channels and self.runs.interrupted(base["thread_id"])) or opened
+            key = {k: stored[0][k] for k in ("thread_id", "checkpoint_ns", "checkpoint_id", "task_id")}
+            self._opened(opened, writes_t, key)
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -292,23 +317,45 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
 
     # --- deleting and copying --------------------------------------------------------------
 
+    def _deleting(self, conn: Connection) -> None:
+        """Hold off the saver's writers until this transaction ends (PostgreSQL; SQLite already does)."""
+        self.db.dialect.lock_tables(conn, _deleted.TABLES)
+
     def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint, blob and pending write of the thread, and its run; for good.
+
+        A late write with a config from before the delete (a stale worker, a graph still
+        running) is ignored, not refused with an error: it stores nothing, and its graph
+        runs on without disturbing a new conversation on the same thread id. A ``put``
+        without a parent checkpoint (a config without ``checkpoint_id``) starts that new
+        conversation. What is kept is the SHA-256 of the thread id and the greatest
+        checkpoint id it had, which late writes are checked against.
+        """
         with self._writing("deleting a LangGraph thread") as conn:
+            self._deleting(conn)
+            upto = _deleted.horizon(conn, str(thread_id))
+            _deleted.record(conn, self.db.dialect.insert, str(thread_id), upto)
             _sql.delete_thread(conn, str(thread_id))
         self._lists.forget([str(thread_id)])
         if self.runs is not None:
             self.runs.deleted([str(thread_id)])
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Delete the checkpoints these runs wrote, their writes, and the blobs nothing reaches any more."""
+        """Delete the checkpoints these runs wrote, their writes, and the blobs nothing reaches any more.
+
+        As after :meth:`delete_thread`, a late write that continues a deleted checkpoint is ignored.
+        """
         ids = [str(r) for r in run_ids]
         if not ids:
             return
         with self._writing("deleting LangGraph runs") as conn:
+            self._deleting(conn)
             doomed = _sql.run_checkpoints(conn, ids)
             _sql.delete_checkpoints(conn, doomed)
             threads = sorted({t for t, _, _ in doomed})
             for thread_id in threads:
+                upto = max(cid for t, _, cid in doomed if t == thread_id)
+                _deleted.record(conn, self.db.dialect.insert, thread_id, upto)
                 _sql.collect_garbage(conn, thread_id)
         self._lists.forget(threads)
 
@@ -336,8 +383,12 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         self._lists.forget(threads)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """Copy every checkpoint, blob and write of one thread to another (which keeps what it had)."""
+        """Copy every checkpoint, blob and write of one thread to another (which keeps what it had).
+
+        The copy is of one moment: no write to the source lands halfway through it.
+        """
         with self._writing("copying a LangGraph thread") as conn:
+            self._deleting(conn)
             _sql.copy_thread(conn, self._sql, str(source_thread_id), str(target_thread_id))
 
     # --- async: the same operations in a worker thread -------------------------------------
