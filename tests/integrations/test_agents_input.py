@@ -14,7 +14,7 @@ pytest.importorskip("agents", reason="the agents extra")
 
 from statekeep.context import SQLContextStore
 from statekeep.context.sql import events
-from statekeep.errors import InvalidInputError, SealedDataError
+from statekeep.errors import InvalidInputError, SealedDataError, SessionOwnerError
 from statekeep.integrations._agents_items import items_table
 from statekeep.integrations.agents import StatekeepSession
 from statekeep.keys import KeyRing, LocalKeyFile
@@ -126,6 +126,23 @@ def test_keys_none_stores_plain_text_and_an_unowned_session_is_never_sealed(
     asyncio.run(unowned.add_items([ITEM]))
     assert _rows(unowned)[0] == [json.dumps(ITEM)]
     assert asyncio.run(unowned.get_items()) == [ITEM]
+    # plain rows written without a ring (or before this version) are read as they are
+    sealed = StatekeepSession("p1", database_url, owner="alice", keys=ring)
+    asyncio.run(sealed.add_items([{"role": "assistant", "content": "ok"}]))
+    assert asyncio.run(sealed.get_items()) == [ITEM, {"role": "assistant", "content": "ok"}]
+
+
+def test_another_owners_session_is_refused_before_anything_is_stored(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The session is claimed first: bob's session refuses alice's items and keeps no row of them."""
+    ring = KeyRing(database_url, LocalKeyFile(tmp_path / "keys.json"))
+    asyncio.run(StatekeepSession("o1", database_url, owner="bob", keys=ring).add_items([ITEM]))
+    for keys in (ring, None):
+        intruder = StatekeepSession("o1", database_url, owner="alice", keys=keys)
+        with pytest.raises(SessionOwnerError):
+            asyncio.run(intruder.add_items([{"role": "user", "content": "mine"}]))
+        assert len(_rows(intruder)[0]) == 1
 
 
 def test_by_default_the_ring_of_the_settings_seals_the_session(

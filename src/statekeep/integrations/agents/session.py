@@ -187,14 +187,12 @@ class StatekeepSession(SessionABC):
 
     def _holder(self) -> str | None:
         """The owner whose data key seals this session's items (None: plain text)."""
-        if self.keys is None:
-            return None
-        if self.owner is None:
-            return self.store.owner_of(self.session_id)
-        if not self._claimed:  # refuse another owner's session before storing anything
+        if self.owner is not None and not self._claimed:  # refuse another owner's session first
             self.store.claim(self.session_id, self.owner)
             self._claimed = True
-        return self.owner
+        if self.keys is None:
+            return None
+        return self.owner if self.owner is not None else self.store.owner_of(self.session_id)
 
     def _get_items(self, limit: int | None) -> list[Any]:
         found = [item for _, item in self._current()]
