@@ -14,7 +14,7 @@ pytest.importorskip("agents", reason="the agents extra")
 
 from statekeep.context import SQLContextStore
 from statekeep.context.sql import events
-from statekeep.errors import InvalidInputError, SealedDataError, SessionOwnerError
+from statekeep.errors import ConfigError, InvalidInputError, SealedDataError, SessionOwnerError
 from statekeep.integrations._agents_items import items_table
 from statekeep.integrations.agents import StatekeepSession
 from statekeep.keys import KeyRing, LocalKeyFile
@@ -162,3 +162,6 @@ def test_by_default_the_ring_of_the_settings_seals_the_session(
     asyncio.run(plain.add_items([ITEM]))
     assert _rows(plain)[0] == [json.dumps(ITEM)]
     plain.close()
+    monkeypatch.setenv("STATEKEEP_KEYS", "no_such_module_of_keys:provider")
+    with pytest.raises(ConfigError, match="STATEKEEP_KEYS"):
+        StatekeepSession("d3", database_url, owner="alice")

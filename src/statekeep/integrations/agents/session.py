@@ -110,8 +110,12 @@ class StatekeepSession(SessionABC):
             self.store = store
         else:
             db = store if isinstance(store, Database) else Database(store, setting="STATEKEEP_CONTEXT_URL")
-            ring = _ring_of_settings(db) if keys == "settings" else keys
-            self.store = SQLContextStore(db, keys=ring)
+            try:
+                ring = _ring_of_settings(db) if keys == "settings" else keys
+                self.store = SQLContextStore(db, keys=ring)
+            except BaseException:  # a malformed setting, an unreachable server: release what was opened
+                db.dispose()
+                raise
         self.keys: KeyRing | None = self.store.keys
         self._claimed = False
         self.db: Database = self.store.db
