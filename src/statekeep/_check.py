@@ -60,6 +60,8 @@ def check_int(value: object, field: str, *, minimum: int = 0, maximum: int = MAX
     number = int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
     if number is None or not minimum <= number <= maximum:
         bound = f">= {minimum}" if maximum == MAX_INT else f"from {minimum} to {maximum}"
+        if number is not None and number > maximum == MAX_INT:
+            bound += f", at most {MAX_INT} (the largest integer a database column holds)"
         raise InvalidInputError(f"must be an int {bound}", field=field)
     return number
 

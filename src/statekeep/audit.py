@@ -39,6 +39,7 @@ Action = Literal[
     "read_memories",
     "forget_memories",
     "read_context",
+    "read_state",
     "rotate_keys",
     "reencrypt",
 ]

@@ -176,6 +176,30 @@ def test_a_search_is_one_round_trip_with_its_owner_and_settings_and_binary_vecto
     store.close()
 
 
+def test_a_write_looks_once_and_inserts_once(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new memory is two round trips (look, insert), a repeated one a single look, a supersede two
+    (read the old memory, insert and mark): pgvector holds no lock, so a write never looks twice."""
+    store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
+    store.remember("alice", "Alice drinks tea")  # the first write of a model also sets up its index
+    trips: list[int] = []
+    run = store._run
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        trips.append(len(args[1]))
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(store, "_run", counted)
+    new = store.remember("alice", "Alice has a dog")
+    assert len(trips) == 2
+    trips.clear()
+    assert store.remember("alice", "alice has a  DOG").id == new.id
+    assert len(trips) == 1
+    trips.clear()
+    store.supersede("alice", new.id, "Alice has two dogs")
+    assert len(trips) == 2
+    store.close()
+
+
 def test_inserts_and_reembedding_send_vectors_in_pgvector_binary_format(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

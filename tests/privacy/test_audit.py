@@ -13,6 +13,7 @@ from statekeep.audit import AuditLog, entries_table
 from statekeep.config import Settings
 from statekeep.db import Database
 from statekeep.errors import InvalidInputError, StorageError
+from statekeep.memory import FakeEmbedder
 from statekeep.runtime import Runtime
 from statekeep.workflow import RunStatus
 from tests.privacy.conftest import Cli, Person, populate
@@ -84,10 +85,12 @@ def test_cli_cancel_decisions_and_memory_reads_are_audited(
     assert cli("--as", "ops@example.com", "runs", "cancel", runs["gated"])[0] == 0
     assert cli("--as", "support@example.com", "memory", "search", "bob", "note")[0] == 0
     assert cli("--as", "support@example.com", "memory", "export", "bob")[0] == 0
+    assert cli("--as", "support@example.com", "memory", "list", "bob")[0] == 0
     code, out = cli("audit", "--json")
     assert code == 0, out
     entries = [json.loads(line) for line in out.splitlines()]
     assert [(e["action"], e["actor"], e["target"]) for e in entries] == [
+        ("read_memories", "support@example.com", "bob"),
         ("export", "support@example.com", "bob"),
         ("read_memories", "support@example.com", "bob"),
         ("cancel", "ops@example.com", runs["gated"]),
@@ -126,6 +129,52 @@ def test_webhook_decisions_are_audited_with_the_token_holder(settings: Settings,
     assert (entry.actor, entry.target, entry.via) == ("alice@example.com", approval.approval_id, "webhook")
     assert entry.detail == {"run": runs["gated"]}
     assert bob.markers["memory"] not in json.dumps(entry.as_dict())
+
+
+def test_console_reads_of_memories_context_and_state_are_audited(
+    settings: Settings, runtime: Runtime
+) -> None:
+    """Listing or searching an owner's memories, a run's model calls (the exact context sent) and its
+    working state, over the API or as pages, each leave a record naming the token's person."""
+    from statekeep.web import Stores, create_app
+
+    bob = Person("bob")
+    runs = populate(runtime, bob, gated=False)
+    _release_memory(runtime)
+    run = runs["first"]
+    tokens = {"support@example.com": "support-token-0123456789"}
+    stores = Stores.open(settings, embedder=FakeEmbedder())
+    headers = {"Authorization": f"Bearer {tokens['support@example.com']}"}
+    app = create_app(stores.workflow, tokens=tokens, stores=stores)
+    with TestClient(app, base_url="https://testserver") as client:
+        version = client.get(f"/api/runs/{run}/states", headers=headers).json()[-1]["version"]
+        for path in (
+            "/api/memory/bob",
+            "/api/memory/bob?q=note",
+            f"/api/runs/{run}/model-calls",
+            f"/api/runs/{run}/states/{version}",
+        ):
+            answer = client.get(path, headers=headers)
+            assert answer.status_code == 200, (path, answer.text)
+        login = {"token": tokens["support@example.com"], "next": "/runs"}
+        assert client.post("/login", data=login, follow_redirects=False).status_code == 303
+        page = client.get(f"/runs/{run}", headers={"Accept": "text/html"})
+        assert page.status_code == 200
+        assert "<html" in page.text
+    assert runtime.audit is not None
+    entries = [(e.action, e.target, e.via, e.actor) for e in reversed(runtime.audit.entries())]
+    who = ("webhook", "support@example.com")
+    assert entries[:4] == [
+        ("read_memories", "bob", *who),
+        ("read_memories", "bob", *who),
+        ("read_context", run, *who),
+        ("read_state", run, *who),
+    ]
+    assert {e[0] for e in entries[4:]} == {"read_context", "read_state"}  # the run's page
+    assert all(e[1:] == (run, *who) for e in entries[4:])
+    dump = json.dumps([e.as_dict() for e in runtime.audit.entries()])
+    assert not any(m in dump for m in bob.markers.values())
+    stores.workflow.close()
 
 
 def test_runs_record_their_owner_and_children_inherit_it(database_url: str) -> None:

@@ -152,6 +152,17 @@ def test_memory_add_search_export_forget(cli, tmp_path: Path) -> None:  # type: 
     code, _ = cli("memory", "export", "ada", "--out", str(tmp_path / "ada.json"))
     assert code == 0
     assert json.loads((tmp_path / "ada.json").read_text())
+    assert (tmp_path / "ada.json").stat().st_mode & 0o777 == 0o600  # a person's data: the user's alone
+    (tmp_path / "ada.json").write_text("kept")
+    code, out = cli("memory", "export", "ada", "--out", str(tmp_path / "ada.json"))
+    assert code != 0
+    assert "--force" in out
+    assert (tmp_path / "ada.json").read_text() == "kept"
+    (tmp_path / "ada.json").chmod(0o644)
+    code, _ = cli("memory", "export", "ada", "--out", str(tmp_path / "ada.json"), "--force")
+    assert code == 0
+    assert json.loads((tmp_path / "ada.json").read_text())["owner"] == "ada"
+    assert (tmp_path / "ada.json").stat().st_mode & 0o777 == 0o600
     code, out = cli("memory", "forget", "ada", stdin="n\n")
     assert code == 1
     code, out = cli("memory", "search", "ada", "coffee")

@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from statekeep.config import Settings
-from statekeep.errors import InvalidInputError, RunConflictError
+from statekeep.errors import InvalidInputError, RunConflictError, RunNotFoundError
 from statekeep.memory import FakeEmbedder
 from statekeep.models import AnthropicModel, OpenAIChatModel
 from statekeep.runtime import Agent, AgentState, AgentTool, ModelRetrying, Runtime, Usage
@@ -157,6 +157,8 @@ def test_a_429_waits_as_long_as_retry_after_says_and_each_attempt_is_journaled(
     [retrying] = [e for e in events if isinstance(e, ModelRetrying)]
     assert (retrying.attempt, retrying.status) == (1, 429)
     assert rt.usage("r429") == Usage(prompt=20, completion=10, cached=0, calls=2)
+    with pytest.raises(RunNotFoundError):
+        rt.usage("no-such-run")
 
 
 def test_a_400_fails_at_once_with_the_providers_message(served: Any, provider: Provider) -> None:

@@ -265,6 +265,11 @@ def test_bad_agents_and_run_arguments_are_refused(runtime: Runtime) -> None:
         with pytest.raises(InvalidInputError):
             runtime.run(agent_app.AGENT, "bad", **kwargs)
     assert runtime.engine.store.find("bad") is None
+    for run_id in ("", "x" * 1000, 7):  # the session defaults to the run id: the run id is blamed
+        for call in (runtime.run, runtime.start):
+            with pytest.raises(InvalidInputError) as refused:
+                call(agent_app.AGENT, run_id, owner="o", task="x")  # type: ignore[operator]
+            assert refused.value.field == "run_id"
 
 
 def test_a_changed_agent_needs_a_new_version(runtime: Runtime) -> None:

@@ -108,6 +108,25 @@ def test_tools_that_cannot_take_a_key_or_named_arguments_are_refused() -> None:
     assert AgentTool("t", kwargs).check_arguments({"anything": 1}) == {"anything": 1}
 
 
+def test_a_tool_whose_first_parameter_is_not_a_key_or_whose_name_providers_refuse_is_refused() -> None:
+    """``lambda city: ...`` would take the idempotency key as the city and show the model no
+    parameters; a name with spaces is refused by every model provider at the first call."""
+    with pytest.raises(InvalidInputError, match="named key") as refused:
+        AgentTool("lookup", lambda city: {"city": city})
+    assert "def tool(key, city" in str(refused.value)
+    for bad in ("bad name!", "x" * 65, "dot.name"):
+        with pytest.raises(InvalidInputError, match="letters, digits") as named:
+            AgentTool(bad, lambda key, city: city)
+        assert named.value.field == "name"
+
+    def lookup(idempotency_key: str, city: str) -> str:
+        return city
+
+    for good in ("lookup", "get-weather_2", "x" * 64):
+        assert AgentTool(good, lookup).spec.parameters["required"] == ["city"]
+    assert AgentTool("t", lambda key: "ok").spec.parameters["properties"] == {}
+
+
 def _tool_answers(script: Callable[[list[str]], ModelResponse]) -> ScriptedModel:
     """A scripted model that sees the tool results so far (as text)."""
 

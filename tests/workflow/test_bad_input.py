@@ -87,6 +87,8 @@ def test_store_filters_take_status_names(make_engine: EngineFactory) -> None:
         (lambda e: Worker(e, poll=None), "poll"),  # type: ignore[arg-type]
         (lambda e: Worker(e, poll=1.0, max_poll=0.5), "poll"),
         (lambda e: Worker(None), "engine"),  # type: ignore[arg-type]
+        (lambda e: Worker(e).run(idle_exit=-1), "idle_exit"),
+        (lambda e: Worker(e).run(idle_exit=NAN), "idle_exit"),
         (lambda e: RetryPolicy(backoff=-1), "backoff"),
         (lambda e: RetryPolicy(attempts=0), "attempts"),
         (lambda e: RetryPolicy(factor=NAN), "factor"),

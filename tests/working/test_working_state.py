@@ -28,3 +28,20 @@ def test_bad_run_id_is_refused(store: WorkingStateStore, run_id: object) -> None
     with pytest.raises(InvalidInputError) as err:
         store.save(run_id, Plan())  # type: ignore[arg-type]
     assert err.value.field == "run_id"
+
+
+class Budget(WorkingState):
+    state_schema: ClassVar[str] = "budget"
+    state_version: ClassVar[int] = 1
+    cents: int = 0
+
+
+def test_loading_with_another_state_class_names_both_schemas(store: WorkingStateStore) -> None:
+    """The same version number on both sides said nothing: the message names the stored schema and the fix."""
+    from statekeep.errors import SchemaVersionError
+
+    store.save("r-schema", Plan(steps=["a"]))
+    with pytest.raises(SchemaVersionError) as err:
+        store.load("r-schema", Budget)
+    assert "stores schema 'plan', not 'budget'" in str(err.value)
+    assert "the state class it was saved with" in str(err.value)

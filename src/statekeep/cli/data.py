@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -13,6 +14,7 @@ from rich.text import Text
 
 from statekeep._literal import visible
 from statekeep._open import open_memory, open_sql
+from statekeep.errors import InvalidInputError
 
 if TYPE_CHECKING:
     pass
@@ -86,6 +88,7 @@ def memory_list(
     """Every memory of an owner, newest first, superseded and duplicates included, with provenance."""
     with memory_store_for(database_url, home, memory_url, read_only=True) as store:
         memories = list(reversed(store.list_memories(owner)))
+    record_audit(database_url, home, "read_memories", owner, {"results": len(memories)})
     if json_out:
         print_json_text(json.dumps([m.as_dict() for m in memories], ensure_ascii=False, indent=2))
         return
@@ -148,20 +151,35 @@ def memory_forget(
 @memory_app.command("export")
 def memory_export(
     owner: Owner,
-    out: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Write to this new file (readable by you alone) instead of stdout."),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace the --out file if it exists.")] = False,
     database_url: DatabaseURL = None,
     home: Home = None,
     memory_url: MemoryURL = None,
 ) -> None:
     """Export an owner's memories as JSON (works while a worker writes)."""
+    if out is not None and out.exists() and not force:
+        raise InvalidInputError(f"{out} exists: pass --force to replace it", field="--out")
     with memory_store_for(database_url, home, memory_url, read_only=True) as store:
         data = store.export(owner)
     record_audit(database_url, home, "export", owner, {"memories": int(json.loads(data)["count"])})
     if out is None:
         print_json_text(data)
     else:
-        out.write_text(data)
+        write_private(out, data, replace=force)
         console.print(literal(f"wrote {out}"))
+
+
+def write_private(path: Path, text: str, *, replace: bool) -> None:
+    """Write a person's data to a file only its owner can read (0600), never to one that exists
+    unless ``replace``."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if replace else os.O_EXCL)
+    with os.fdopen(os.open(path, flags, 0o600), "w", encoding="utf-8") as f:
+        os.chmod(path, 0o600)  # a replaced file keeps its old mode otherwise
+        f.write(text)
 
 
 @memory_app.command("reembed")

@@ -97,6 +97,22 @@ def plan(idents: list[str], found: dict[str, Memory], policy: DedupeMode) -> tup
     return first, fresh
 
 
+#: The vectors of a write that stores nothing.
+NO_VECTORS: Vectors = np.empty((0, 0), dtype=np.float32)
+
+
+def replan(
+    idents: list[str], found: dict[str, Memory], policy: DedupeMode, fresh: list[int], vectors: Vectors
+) -> tuple[dict[str, int], list[int], Vectors]:
+    """:func:`plan` again, after another look found more of the identities (``found``), with the
+    vectors (embedded already, one per item of ``fresh``) of the items still to store."""
+    first, kept = plan(idents, found, policy)
+    if kept == fresh:
+        return first, fresh, vectors
+    row = {item: n for n, item in enumerate(fresh)}
+    return first, kept, vectors[[row[item] for item in kept]]
+
+
 def similar_links(
     vectors: Vectors, ids: list[str], stored: list[SearchResult | None], threshold: float
 ) -> list[tuple[str, float] | None]:

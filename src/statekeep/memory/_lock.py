@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from statekeep._extras import requires
-from statekeep.errors import MemoryLockedError
+from statekeep.db.engine import storage_error
+from statekeep.errors import MemoryLockedError, StatekeepError
 
 LOCK_FILE = ".statekeep-writer.lock"
 
@@ -50,6 +52,7 @@ class FolderLock:
 class _Store(Protocol):
     _write_lock: Any
     read_only: bool
+    path: Path
 
     def _reopen(self) -> None: ...
 
@@ -59,10 +62,26 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: How long a read-only store waits before each new try of a read that met the writer's rewrite.
 RETRY_SECONDS = (0.01, 0.05, 0.2, 0.5)
 
+#: What Lance and Arrow raise when a table cannot be read or written: a file gone or damaged, a
+#: disk full or failing (OSError; Lance's own errors are RuntimeError, Arrow's ArrowInvalid a
+#: ValueError, a missing column or version a KeyError). Errors of statekeep's tree pass as they are.
+LANCE_ERRORS = (OSError, RuntimeError, ValueError, KeyError)
 
-def one_at_a_time(method: F) -> F:
-    """Run a store's ``method`` holding its lock (the one a write's look-then-store holds, see
-    ``MemoryStore._writing``): erasing and optimizing delete files
+
+@contextmanager
+def lance_errors(what: str, folder: Path) -> Iterator[None]:
+    """Raise what Lance raises while doing ``what`` as :class:`~statekeep.errors.StorageError`, chained."""
+    try:
+        yield
+    except StatekeepError:
+        raise
+    except LANCE_ERRORS as exc:
+        raise storage_error(exc, f"{what} in the LanceDB memory at {folder}") from exc
+
+
+def one_at_a_time(what: str) -> Callable[[F], F]:
+    """Run a store's method, which does ``what``, holding its lock (the one a write's look-then-store
+    holds, see ``MemoryStore._writing``): erasing and optimizing delete files
     (old versions, and files no version refers to yet), which a write or a read in another thread
     may be using.
 
@@ -70,19 +89,25 @@ def one_at_a_time(method: F) -> F:
     reaches: a read that started on a version whose files the writer's erasure
     or optimize then replaced fails (a file or row address gone), and is tried
     again on the latest version (``_reopen``).
+
+    What Lance raises, on the last try of a read-only store, is raised as
+    :class:`~statekeep.errors.StorageError` saying ``what`` failed (:func:`lance_errors`).
     """
 
-    @functools.wraps(method)
-    def locked(self: _Store, *args: Any, **kwargs: Any) -> Any:
-        with self._write_lock:
-            if not self.read_only:
-                return method(self, *args, **kwargs)
-            for pause in RETRY_SECONDS:
-                try:
+    def decorate(method: F) -> F:
+        @functools.wraps(method)
+        def locked(self: _Store, *args: Any, **kwargs: Any) -> Any:
+            with self._write_lock, lance_errors(what, self.path):
+                if not self.read_only:
                     return method(self, *args, **kwargs)
-                except (KeyError, OSError, RuntimeError):
-                    time.sleep(pause)
-                    self._reopen()
-            return method(self, *args, **kwargs)
+                for pause in RETRY_SECONDS:
+                    try:
+                        return method(self, *args, **kwargs)
+                    except (KeyError, OSError, RuntimeError):
+                        time.sleep(pause)
+                        self._reopen()
+                return method(self, *args, **kwargs)
 
-    return locked  # type: ignore[return-value]
+        return locked  # type: ignore[return-value]
+
+    return decorate

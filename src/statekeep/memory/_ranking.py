@@ -12,12 +12,17 @@ stays ahead of memories mediocre in both. Then each memory takes a share
 (``CONTEXT_WEIGHT``) of the best fused score of its neighbours: the memories
 written just before and after it in the same session (``provenance.session_id``),
 so a short answer ("Yes, last Saturday!") is found through the question it
-answers. The constants were chosen on the development split of
-``bench/retrieval.py`` and are reported on its held-out split.
+answers. Last, a long memory (more than ``LENGTH_PIVOT`` characters) is scored
+down by ``1 + LENGTH_WEIGHT * ln(length / LENGTH_PIVOT)``: a long text (such as
+a chat assistant's reply) shares words and topic with many queries, while what
+a person stated is mostly short; it still lends its whole match to its
+neighbours, since context is added before. The constants were chosen on the
+development split of ``bench/retrieval.py`` and are reported on its held-out split.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,6 +38,10 @@ VECTOR_WEIGHT = 0.3
 CONTEXT_WEIGHT = 0.4
 #: Neighbours: memories of the same session at most this far apart in write order.
 CONTEXT_SPAN = 1
+#: Memories longer than this (characters, about 150 tokens) are scored down by their length.
+LENGTH_PIVOT = 600
+#: How much: a fused score is divided by ``1 + LENGTH_WEIGHT * ln(length / LENGTH_PIVOT)``.
+LENGTH_WEIGHT = 1.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,8 @@ class Fusion:
     vector_weight: float = VECTOR_WEIGHT
     context_weight: float = CONTEXT_WEIGHT
     context_span: int = CONTEXT_SPAN
+    length_pivot: int = LENGTH_PIVOT
+    length_weight: float = LENGTH_WEIGHT
 
 
 def rank_key(hit: SearchResult) -> tuple[float, str, int]:
@@ -96,7 +107,8 @@ def normalized(ranking: Sequence[SearchResult]) -> dict[str, float]:
 def fuse_scores(
     vector: Sequence[SearchResult], text: Sequence[SearchResult], k: int, fusion: Fusion = Fusion()
 ) -> list[SearchResult]:
-    """Score-aware fusion of a vector and a full-text ranking, with session context; the top ``k``.
+    """Score-aware fusion of a vector and a full-text ranking, with session context and a
+    length prior; the top ``k``.
 
     Scores are in [0, 1 + ``context_weight``]; ties are broken by :func:`rank_key`.
     """
@@ -106,6 +118,11 @@ def fuse_scores(
     fused = {i: w * v.get(i, 0.0) + (1 - w) * t.get(i, 0.0) for i in memories}
     if fusion.context_weight > 0:
         fused = with_context(fused, memories, fusion.context_weight, fusion.context_span)
+    if fusion.length_weight > 0:
+        fused = {
+            i: score / length_penalty(len(memories[i].content), fusion.length_pivot, fusion.length_weight)
+            for i, score in fused.items()
+        }
     hits = [SearchResult(memories[i], score) for i, score in fused.items()]
     return sorted(hits, key=rank_key)[:k]
 
@@ -130,3 +147,8 @@ def with_context(
             if near:
                 out[m.id] = scores[m.id] + weight * max(near)
     return out
+
+
+def length_penalty(length: int, pivot: int, weight: float) -> float:
+    """The divisor of a fused score: 1 up to ``pivot`` characters, then 1 + weight * ln(length / pivot)."""
+    return 1.0 + weight * math.log(length / pivot) if length > pivot else 1.0

@@ -231,21 +231,21 @@ class MemoryStore(Upkeep):
             MemoryNotFoundError: the owner has no such memory.
             ConflictError: the memory was already superseded.
         """
-        with self._writing():  # two threads superseding one memory: the second sees the first's mark
-            old = self.get(owner, memory_id)
-            if old.superseded_by is not None:
-                raise _superseded(memory_id, old.superseded_by)
-            item = MemoryInput(
-                content,
-                old.kind if kind is None else kind,
-                tuple(old.tags if tags is None else _types.check_tags(tags)),
-                old.metadata if metadata is None else metadata,
-                provenance or old.provenance,
-                expires_at,
-                old.key,
-            )
-            with tracing.span("memory.write", {"statekeep.memory.backend": self.backend}):
-                return self._write(owner, [item], dedupe=False, supersedes=old.id)[0]
+        old = self.get(owner, memory_id)
+        if old.superseded_by is not None:
+            raise _superseded(memory_id, old.superseded_by)
+        item = MemoryInput(
+            content,
+            old.kind if kind is None else kind,
+            tuple(old.tags if tags is None else _types.check_tags(tags)),
+            old.metadata if metadata is None else metadata,
+            provenance or old.provenance,
+            expires_at,
+            old.key,
+        )
+        with tracing.span("memory.write", {"statekeep.memory.backend": self.backend}):
+            # two threads superseding one memory: the second's _insert_superseding sees the first's mark
+            return self._write(owner, [item], dedupe=False, supersedes=old.id)[0]
 
     def _write(
         self, owner: str, items: Sequence[MemoryInput | str], *, dedupe: bool, supersedes: str | None = None
@@ -257,10 +257,15 @@ class MemoryStore(Upkeep):
         inputs = [_types.check_input(item, now) for item in items]
         idents = [_dedupe.identity(i.content, i.key) for i in inputs]
         policy: DedupeMode = self.dedupe if dedupe else "none"
+        found = self._same(owner, sorted(set(idents)), now) if policy != "none" else {}
+        first, fresh = _dedupe.plan(idents, found, policy)
+        # outside the store's lock: other threads' searches and writes do not wait for the model
+        vectors = self._embed([inputs[i].content for i in fresh]) if fresh else _dedupe.NO_VECTORS
         with self._writing():
-            found = self._same(owner, sorted(set(idents)), now) if policy != "none" else {}
-            first, fresh = _dedupe.plan(idents, found, policy)
-            stored = self._store_fresh(owner, inputs, idents, fresh, policy, now, supersedes)
+            if fresh and policy != "none":
+                found |= self._stored_meanwhile(owner, sorted({idents[i] for i in fresh}), now)
+                first, fresh, vectors = _dedupe.replan(idents, found, policy, fresh, vectors)
+            stored = self._store_fresh(owner, inputs, idents, fresh, vectors, policy, now, supersedes)
         lost = sorted({idents[i] for i in fresh if i not in stored})
         if lost:  # another writer stored them since _same looked
             found |= self._same(owner, lost, now)
@@ -283,14 +288,14 @@ class MemoryStore(Upkeep):
         inputs: list[MemoryInput],
         idents: list[str],
         fresh: list[int],
+        vectors: Vectors,
         policy: DedupeMode,
         now: datetime,
         supersedes: str | None,
     ) -> dict[int, Memory]:
-        """Embed and store the items ``fresh`` names; those another writer stored meanwhile are left out."""
+        """Store the ``fresh`` items with their ``vectors``, less those another writer stored meanwhile."""
         if not fresh:
             return {}
-        vectors = self._embed([inputs[i].content for i in fresh])
         ids = [new_id() for _ in fresh]
         links = self._similar(owner, vectors, ids) if policy == "similar" else [None] * len(fresh)
         memories = [
@@ -300,7 +305,7 @@ class MemoryStore(Upkeep):
         written: list[Memory | None]
         if supersedes is not None:
             stored = self._insert_superseding(memories[0], vectors, supersedes)
-            if stored is None:  # another writer superseded it since we looked (pgvector)
+            if stored is None:  # another writer superseded (or erased) it since supersede looked
                 raise _superseded(supersedes, self.get(owner, supersedes).superseded_by)
             written = [stored]
         elif policy == "none":
@@ -310,18 +315,25 @@ class MemoryStore(Upkeep):
         return {i: merged(m) for i, m in zip(fresh, written, strict=True) if m is not None}
 
     def _writing(self) -> AbstractContextManager[object]:
-        """Held from a write's look at what the owner has until what is new is stored.
+        """Held while a write looks again at what the owner has and stores what is still new.
 
-        This default, one lock per store, makes the threads of one process take
-        turns (the in-memory and LanceDB backends have one writing process). A
-        backend that many processes write to settles concurrent writers of one
-        fact in its database (:meth:`_insert_unless_same`) and holds nothing here.
+        This default, one lock per store, makes the threads of one process take turns (the
+        in-memory and LanceDB backends have one writing process); the model never runs under it.
+        A backend that many processes write to settles concurrent writers of one fact in its
+        database (:meth:`_insert_unless_same`): it holds nothing here, nor looks again.
         """
         return self._write_lock
 
+    def _stored_meanwhile(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
+        """Which of ``identities`` another thread stored while the write embedded (under ``_writing``)."""
+        return self._same(owner, identities, now)
+
     def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> Memory | None:
-        """Insert ``new`` and mark ``old_id`` superseded by it; transactional backends do both at once,
-        and neither (None) when ``old_id`` was superseded meanwhile."""
+        """Insert ``new`` and mark ``old_id`` superseded by it, under :meth:`_writing`; neither (None)
+        when ``old_id`` was superseded or erased meanwhile. Transactional backends do both at once."""
+        old = self._get(new.owner, old_id, new.created_at)
+        if old is None or old.superseded_by is not None:
+            return None
         stored = self._insert([new], vectors)[0]
         self._mark_superseded(new.owner, old_id, new.id)
         return stored
@@ -385,8 +397,9 @@ class MemoryStore(Upkeep):
 
         ``mode="hybrid"`` (the default, the best measured by ``bench/retrieval.py``)
         fuses the vector ranking with the full-text ranking by their normalised
-        scores and lets neighbouring memories of a session lend each other context
-        (see :mod:`statekeep.memory._ranking`); ``"vector"`` ranks by meaning alone
+        scores, lets neighbouring memories of a session lend each other context
+        and scores long memories down by their length (see
+        :mod:`statekeep.memory._ranking`); ``"vector"`` ranks by meaning alone
         (score = cosine), ``"text"`` by full-text relevance alone. Superseded
         and expired memories, and memories embedded by another model, are never
         returned; memories merged into another (``dedupe="similar"``) only with

@@ -53,8 +53,9 @@ class InMemoryMemoryStore(base.MemoryStore):
     def _writing(self) -> threading.RLock:
         return self._lock  # shared with the stores opened on the same memories (``shared=``)
 
-    def _owned(self, owner: str) -> dict[str, tuple[Memory, Vectors]]:
-        return self._rows.get(owner, {})
+    def _owned(self, owner: str) -> list[tuple[Memory, Vectors]]:
+        with self._lock:  # a snapshot: writers in other threads change the dict
+            return list(self._rows.get(owner, {}).values())
 
     def _insert(self, memories: list[Memory], vectors: Vectors) -> list[Memory]:
         stored = []
@@ -68,7 +69,7 @@ class InMemoryMemoryStore(base.MemoryStore):
     def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
         wanted = set(identities)
         found: dict[str, Memory] = {}
-        for m, _ in sorted(self._owned(owner).values(), key=lambda row: row[0].seq):
+        for m, _ in sorted(self._owned(owner), key=lambda row: row[0].seq):
             ident = identity(m.content, m.key)
             if ident in wanted and ident not in found and m.superseded_by is None and _alive(m, now):
                 found[ident] = m
@@ -77,7 +78,7 @@ class InMemoryMemoryStore(base.MemoryStore):
     def _candidates(self, owner: str, filters: Filters, now: datetime) -> list[tuple[Memory, Vectors]]:
         return [
             (m, v)
-            for m, v in self._owned(owner).values()
+            for m, v in self._owned(owner)
             if m.superseded_by is None
             and (m.duplicate_of is None or filters.include_merged)
             and _alive(m, now)
@@ -103,11 +104,11 @@ class InMemoryMemoryStore(base.MemoryStore):
         return sorted(hits, key=base.rank_key)[:k]
 
     def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:
-        row = self._owned(owner).get(memory_id)
+        row = self._rows.get(owner, {}).get(memory_id)
         return row[0] if row and _alive(row[0], now) else None
 
     def _list(self, owner: str, now: datetime) -> list[Memory]:
-        return [m for m, _ in self._owned(owner).values() if _alive(m, now)]
+        return [m for m, _ in self._owned(owner) if _alive(m, now)]
 
     def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
         with self._lock:

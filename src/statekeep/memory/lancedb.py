@@ -98,9 +98,18 @@ class LanceDBMemoryStore(base.MemoryStore):
         self.exact_below = exact_below
         self.nprobes = nprobes
         self._lock: _lock.FolderLock | None = None
-        if read_only:  # nothing is created, no lock is taken, and every read sees the latest version
+        try:
+            with _lock.lance_errors("opening the memories table", self.path):
+                self._connect(lancedb, cache_bytes)
+        except BaseException:  # a table that cannot be opened leaves the folder free for another try
+            if self._lock is not None:
+                self._lock.release()
+            raise
+
+    def _connect(self, lancedb: Any, cache_bytes: int) -> None:
+        if self.read_only:  # nothing is created, no lock is taken, and every read sees the latest version
             missing = ConfigError(
-                "STATEKEEP_MEMORY_URL", str(path), "no memories there (nothing was created)"
+                "STATEKEEP_MEMORY_URL", str(self.path), "no memories there (nothing was created)"
             )
             if not (self.path / f"{TABLE}.lance").is_dir():  # before connecting, which makes the folder
                 raise missing
@@ -111,7 +120,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             if "seq" not in self._table.schema.names:
                 raise ConfigError(
                     "STATEKEEP_MEMORY_URL",
-                    str(path),
+                    str(self.path),
                     "written by an older statekeep: open it for writing once",
                 )
         else:
@@ -119,17 +128,17 @@ class LanceDBMemoryStore(base.MemoryStore):
                 self.path.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ConfigError(
-                    "STATEKEEP_MEMORY_URL", str(path), f"cannot create folder: {exc.strerror}"
+                    "STATEKEEP_MEMORY_URL", str(self.path), f"cannot create folder: {exc.strerror}"
                 ) from exc
             self._lock = _lock.FolderLock(self.path)
             self._db = lancedb.connect(str(self.path))
             self._table = self._open_table()
         # a writer is the only writer (the folder lock), so its in-process caches stay true
         self._owner_rows: dict[str, int] = {}
-        self._cache = OwnerCache(0 if read_only else cache_bytes)
+        self._cache = OwnerCache(0 if self.read_only else cache_bytes)
         self._dim: int | None = None
         self._indexed = self._has_vector_index()
-        self._next_seq = 0 if read_only else self._max_seq() + 1
+        self._next_seq = 0 if self.read_only else self._max_seq() + 1
 
     def _open_table(self) -> Any:
         if TABLE in self._db.list_tables().tables:
@@ -158,7 +167,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             self._dim = int(self._table.schema.field("vector").type.list_size)
         return self._dim
 
-    @_lock.one_at_a_time
+    @_lock.one_at_a_time("closing")
     def close(self) -> None:
         """Release the folder lock."""
         if self._lock is not None:
@@ -170,7 +179,7 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     # --- writes ---------------------------------------------------------------------------
 
-    @_lock.one_at_a_time
+    @_lock.one_at_a_time("storing memories")
     def _insert(self, memories: list[Memory], vectors: Vectors) -> list[Memory]:
         self._writable()
         if self._dimension != vectors.shape[1]:
@@ -185,7 +194,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             self._owner_rows[owner] += len(memories)
         return memories
 
-    @_lock.one_at_a_time
+    @_lock.one_at_a_time("looking up memories")
     def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
         found: dict[str, Memory] = {}
         alive = f"superseded_by IS NULL AND (expires_us IS NULL OR expires_us > {to_us(now)})"
@@ -196,13 +205,13 @@ class LanceDBMemoryStore(base.MemoryStore):
                 found.setdefault(row["dedupe_key"], from_row(row))
         return found
 
-    @_lock.one_at_a_time
+    @_lock.one_at_a_time("marking a memory superseded")
     def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
         self._writable()
         self._table.update(where=where(owner, id=memory_id), values={"superseded_by": successor})
         self._cache.update(owner, lambda rows: rows.superseding(memory_id, successor))
 
-    @_lock.one_at_a_time
+    @_lock.one_at_a_time("optimizing")
     def optimize(self, *, full: bool = False) -> None:
         """Lay the memories out by owner in small files and index them (text, owner).
 
@@ -255,7 +264,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             return query.bypass_vector_index()
         return query.nprobes(self.nprobes).refine_factor(4)
 
-    @_lock.one_at_a_time
+    @_lock.one_at_a_time("searching memories")
     def _nearest(
         self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
     ) -> list[SearchResult]:
@@ -297,7 +306,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         self._cache.put(owner, held, generation)
         return held
 
-    @_lock.one_at_a_time
+    @_lock.one_at_a_time("looking for similar memories")
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         if self._dimension != vectors.shape[1]:
             return [None] * len(vectors)
@@ -308,7 +317,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             found[int(r.get("query_index", 0))] = SearchResult(from_row(r), 1.0 - float(r["_distance"]))
         return found
 
-    @_lock.one_at_a_time
+    @_lock.one_at_a_time("searching memories")
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
         clause = where(owner, filters, now)
         # the owner's memories held in process: the index returns ids and scores, the rest is here
@@ -334,20 +343,20 @@ class LanceDBMemoryStore(base.MemoryStore):
             q = q.select(columns)
         return list(q.limit(self._table.count_rows(clause) or 1).to_list())
 
-    @_lock.one_at_a_time
+    @_lock.one_at_a_time("reading a memory")
     def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:
         clause = f"{where(owner, id=memory_id)} AND (expires_us IS NULL OR expires_us > {to_us(now)})"
         rows = self._rows(clause)
         return from_row(rows[0]) if rows else None
 
-    @_lock.one_at_a_time
+    @_lock.one_at_a_time("listing memories")
     def _list(self, owner: str, now: datetime) -> list[Memory]:
         clause = f"{where(owner)} AND (expires_us IS NULL OR expires_us > {to_us(now)})"
         return [from_row(r) for r in self._rows(clause, list(COLUMNS))]
 
     # --- erasure --------------------------------------------------------------------------
 
-    @_lock.one_at_a_time
+    @_lock.one_at_a_time("erasing memories")
     def _erase(self, owner: str, ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
         self._writable()
         clause = where(owner) if ids is None else f"{where(owner)} AND {in_list('id', ids)}"
@@ -390,7 +399,7 @@ class LanceDBMemoryStore(base.MemoryStore):
             self._owner_rows.clear()
         self._indexed = self._indexed and self._has_vector_index()  # a rewrite never adds one
 
-    @_lock.one_at_a_time
+    @_lock.one_at_a_time("erasing expired memories")
     def _purge(self, now: datetime) -> int:
         self._writable()
         clause = f"expires_us IS NOT NULL AND expires_us <= {to_us(now)}"
@@ -403,16 +412,16 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     # --- re-embedding ---------------------------------------------------------------------
 
-    @_lock.one_at_a_time
+    @_lock.one_at_a_time("counting memories to re-embed")
     def _count_stale(self, model: str) -> int:
         return int(self._table.count_rows(f"model != {quote(model)}"))
 
-    @_lock.one_at_a_time
+    @_lock.one_at_a_time("reading memories to re-embed")
     def _stale(self, model: str, limit: int) -> list[tuple[str, str, str]]:
         q = self._table.search().where(f"model != {quote(model)}").select(["owner", "id", "content"])
         return [(r["owner"], r["id"], r["content"]) for r in q.limit(limit).to_list()]
 
-    @_lock.one_at_a_time
+    @_lock.one_at_a_time("storing re-embedded vectors")
     def _set_vectors(self, model: str, keys: list[tuple[str, str]], vectors: Vectors) -> None:
         self._writable()
         self._cache.drop()

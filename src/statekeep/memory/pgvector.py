@@ -287,6 +287,9 @@ class PgVectorMemoryStore(base.MemoryStore):
     def _writing(self) -> AbstractContextManager[object]:
         return nullcontext()  # writers of one fact take turns in the database (_insert_unless_same)
 
+    def _stored_meanwhile(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
+        return {}  # no second look: _insert_unless_same checks again in the transaction that inserts
+
     def _insert_unless_same(
         self, memories: list[Memory], vectors: Vectors, now: datetime
     ) -> list[Memory | None]:

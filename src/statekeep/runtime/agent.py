@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args
@@ -15,12 +16,17 @@ from statekeep.models import INVALID_ARGUMENTS, ToolSpec
 from statekeep.runtime.schema import arguments_model, describe, explain, json_schema
 from statekeep.workflow import Reconciler, RetryPolicy
 from statekeep.working import WorkingState
+from statekeep.working.base import check_run_id
 
 #: What happens when a tool raises (after its transient errors were retried):
 #: ``model``, the error is the tool's result and the model decides; ``fail``, the run
 #: fails (``rt.retry`` calls the tool again); ``ask``, a person approves calling it again
 #: (a rejection hands the error to the model).
 OnError = Literal["model", "fail", "ask"]
+
+
+#: What model providers accept as a tool's name (OpenAI's and Anthropic's rule).
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,11 @@ class AgentTool:
 
     def __post_init__(self) -> None:
         check_words(self.name, "name")
+        if not TOOL_NAME.fullmatch(self.name):
+            raise InvalidInputError(
+                "must be 1 to 64 letters, digits, '_' or '-': model providers refuse other tool names",
+                field="name",
+            )
         if not callable(self.fn):
             raise InvalidInputError("must be callable", field="fn")
         object.__setattr__(self, "arguments", arguments_model(self.fn, self.name))
@@ -233,8 +244,9 @@ def check_words(value: object, name: str, limit: int = MAX_ID) -> None:
     )  # blank is empty
 
 
-def check_run(owner: object, task: object, session_id: object) -> None:
+def check_run(run_id: object, owner: object, task: object, session_id: object) -> None:
     """The arguments that start a run, checked before anything is written."""
+    check_run_id(run_id)  # first: the session defaults to the run id, and would be blamed for it
     check_words(owner, "owner")
     check_words(task, "task", limit=100_000)
     if session_id is not None:

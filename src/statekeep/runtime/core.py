@@ -208,7 +208,7 @@ class Runtime:
         Raises:
             SessionOwnerError: the session belongs to another owner; nothing was written.
         """
-        check_run(owner, task, session_id)
+        check_run(run_id, owner, task, session_id)
         workflow = self.register(agent)
         self._claims.claim(session_id or run_id, owner)
         return self.engine.start(workflow, run_id, owner, session_id or run_id, task)
@@ -340,8 +340,15 @@ class Runtime:
         return fork_run(self.engine, self.context, self.working, run_id, at_step, new_id, session_id)
 
     def usage(self, run_id: str) -> Usage:
-        """Tokens the run's model calls used so far (prompt, cached, completion), from its journal."""
-        return run_usage(self.engine.store.steps(run_id))
+        """Tokens the run's model calls used so far (prompt, cached, completion), from its journal.
+
+        Raises:
+            RunNotFoundError: there is no such run.
+        """
+        steps = self.engine.store.steps(run_id)
+        if not steps:
+            self.engine.store.get(run_id)  # no run, or one that has not stepped yet
+        return run_usage(steps)
 
     # --- how a call starts a run --------------------------------------------------------------
 
@@ -350,7 +357,7 @@ class Runtime:
     ) -> tuple[Invocation, Callable[[], Run]]:
         """The invocation of a call, and what starts its run (checked before anything runs)."""
         inv = Invocation(turns_left=check_turns(turns))
-        check_run(owner, task, session_id)
+        check_run(run_id, owner, task, session_id)
         workflow = self.register(agent)
         session = session_id or run_id
 

@@ -84,8 +84,9 @@ def arguments_model(fn: Callable[..., Any], name: str) -> type[pydantic.BaseMode
     """A pydantic model of the arguments the model passes to ``fn`` (all parameters but the first).
 
     Raises:
-        InvalidInputError: ``fn`` takes no idempotency-key parameter, has positional-only
-            parameters after it, or a type hint pydantic cannot validate.
+        InvalidInputError: ``fn`` takes no idempotency-key parameter (its first, named
+            ``key`` or ending in ``key``), has positional-only parameters after it, or a
+            type hint pydantic cannot validate.
     """
     try:
         signature = inspect.signature(fn)
@@ -96,6 +97,12 @@ def arguments_model(fn: Callable[..., Any], name: str) -> type[pydantic.BaseMode
     if not params or params[0].kind not in positional:
         raise InvalidInputError(
             "a tool's first parameter receives the idempotency key: def tool(key, ...)", field="fn"
+        )
+    if not params[0].name.lower().endswith("key"):  # lambda city: ... would take the key as the city
+        raise InvalidInputError(
+            f"a tool's first parameter receives the idempotency key, so it is named key (or ends in "
+            f"'key'), not {params[0].name!r}: def tool(key, {params[0].name}, ...)",
+            field="fn",
         )
     try:
         hints = typing.get_type_hints(fn, include_extras=True)

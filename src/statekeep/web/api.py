@@ -286,7 +286,9 @@ class Api:
     def model_calls(self, grant: Grant, run_id: str) -> list[ModelCallOut]:
         """Each model call with the exact context it was sent."""
         self._run(grant, run_id)
-        return [ModelCallOut.model_validate(c.__dict__) for c in _inspect.model_calls(self.store, run_id)]
+        calls = [ModelCallOut.model_validate(c.__dict__) for c in _inspect.model_calls(self.store, run_id)]
+        self._audit(grant, "read_context", run_id, {"model_calls": len(calls)})
+        return calls
 
     def states(self, grant: Grant, run_id: str) -> list[StateOut]:
         """The run's working-state versions, oldest first (empty without a working-state store)."""
@@ -309,14 +311,18 @@ class Api:
         self._run(grant, run_id)
         if self.stores.working is None:
             raise NotFoundError("this console has no working-state store")
-        return json.loads(self.stores.working.get(run_id, version=version).state)
+        state = json.loads(self.stores.working.get(run_id, version=version).state)
+        self._audit(grant, "read_state", run_id, {"version": version})
+        return state
 
     def state_diff(self, grant: Grant, run_id: str, a: int, b: int) -> list[str]:
         """A unified diff between two versions of the run's working state."""
         self._run(grant, run_id)
         if self.stores.working is None:
             raise NotFoundError("this console has no working-state store")
-        return _inspect.state_diff(self.stores.working, run_id, a, b)
+        diff = _inspect.state_diff(self.stores.working, run_id, a, b)
+        self._audit(grant, "read_state", run_id, {"version": b, "against": a})
+        return diff
 
     # --- approvals ----------------------------------------------------------------------------
 
@@ -387,6 +393,7 @@ class Api:
             hits = [(h.memory, h.score) for h in store.search(owner, q, k=k)]
         else:
             hits = [(m, None) for m in reversed(store.list_memories(owner))]
+        self._audit(grant, "read_memories", owner, {"results": len(hits), "search": bool(q)})
         return MemoriesOut(owner=owner, query=q or None, memories=[_memory_out(m, s) for m, s in hits])
 
     def export(self, grant: Grant, owner: str) -> str:

@@ -51,7 +51,13 @@ class Worker:
         return len(claimed)
 
     def run(self, *, stop: threading.Event | None = None, idle_exit: float | None = None) -> int:
-        """Loop until ``stop`` is set (or after ``idle_exit`` seconds without work); return runs handled."""
+        """Loop until ``stop`` is set (or after ``idle_exit`` seconds without work); return runs handled.
+
+        Raises:
+            InvalidInputError: ``idle_exit`` is not a number of seconds >= 0.
+        """
+        if idle_exit is not None:
+            idle_exit = check_seconds(idle_exit, "idle_exit")
         stop = stop or threading.Event()
         handled, delay, idle_since = 0, self.poll, time.monotonic()
         while not stop.is_set():

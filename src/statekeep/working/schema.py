@@ -145,7 +145,8 @@ def decode(record: StateVersion, model: type[M], migrations: StateMigrations | N
             name,
             record.schema_version,
             current,
-            f"run {record.run_id!r} stores schema {record.schema_name!r}",
+            f"run {record.run_id!r} stores schema {record.schema_name!r}, not {name!r}: "
+            "load it with the state class it was saved with",
         )
     if record.schema_version > current:
         raise SchemaVersionError(name, record.schema_version, current, "stored state is newer than this code")

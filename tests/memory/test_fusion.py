@@ -1,0 +1,114 @@
+"""Hybrid fusion's length prior: a long memory that only shares the topic does not crowd out the short
+statement that says what was asked, and it still lends its match to its session neighbours."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+import pytest
+
+from statekeep.memory import Memory, MemoryInput, Provenance, SearchResult
+from statekeep.memory._ranking import LENGTH_PIVOT, Fusion, fuse_scores, length_penalty
+
+from .conftest import StoreFactory
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def memory(n: int, content: str, session: str | None = None) -> Memory:
+    return Memory(
+        id=f"m{n}",
+        owner="o",
+        content=content,
+        kind="episodic",
+        tags=(),
+        metadata={},
+        provenance=Provenance("imported", session_id=session),
+        model="test",
+        created_at=NOW,
+        seq=n,
+    )
+
+
+def test_the_penalty_is_one_up_to_the_pivot_then_grows_with_the_log_of_the_length() -> None:
+    assert length_penalty(1, LENGTH_PIVOT, 1.0) == 1.0
+    assert length_penalty(LENGTH_PIVOT, LENGTH_PIVOT, 1.0) == 1.0
+    assert length_penalty(LENGTH_PIVOT * 4, LENGTH_PIVOT, 1.0) == pytest.approx(1 + math.log(4))
+    assert length_penalty(LENGTH_PIVOT * 4, LENGTH_PIVOT, 0.5) == pytest.approx(1 + 0.5 * math.log(4))
+    lengths = [LENGTH_PIVOT * f for f in (1, 2, 5, 20)]
+    penalties = [length_penalty(n, LENGTH_PIVOT, 1.0) for n in lengths]
+    assert penalties == sorted(penalties)
+    assert len(set(penalties)) == len(lengths)
+
+
+def test_a_long_memory_first_in_both_rankings_yields_to_a_short_one_close_behind() -> None:
+    long, short, other = memory(1, "x" * 3000), memory(2, "the fact"), memory(3, "unrelated")
+    vector = [SearchResult(long, 0.62), SearchResult(short, 0.58), SearchResult(other, 0.10)]
+    text = [SearchResult(long, 9.0), SearchResult(short, 8.0), SearchResult(other, 1.0)]
+    plain = fuse_scores(vector, text, 3, Fusion(context_weight=0, length_weight=0))
+    assert [h.memory.id for h in plain] == ["m1", "m2", "m3"]
+    hits = fuse_scores(vector, text, 3, Fusion(context_weight=0))
+    assert [h.memory.id for h in hits] == ["m2", "m1", "m3"]
+    assert hits[1].score == pytest.approx(plain[0].score / length_penalty(3000, LENGTH_PIVOT, 1.0))
+    assert hits[0].score == pytest.approx(plain[1].score)  # short memories keep their score
+
+
+def test_a_long_memory_lends_its_whole_match_to_its_session_neighbour() -> None:
+    """Context is added before the prior: a short turn next to a long, well-matched reply gains its share."""
+    ask, reply, far = memory(1, "the question", "s"), memory(2, "y" * 6000, "s"), memory(9, "far away", "t")
+    vector = [SearchResult(reply, 0.9), SearchResult(far, 0.5), SearchResult(ask, 0.1)]
+    text = [SearchResult(reply, 5.0), SearchResult(far, 3.0), SearchResult(ask, 1.0)]
+    fusion = Fusion()
+    hits = {h.memory.id: h.score for h in fuse_scores(vector, text, 3, fusion)}
+    assert hits["m1"] == pytest.approx(fusion.context_weight * 1.0)  # its own score is 0 after min-max
+    assert hits["m2"] == pytest.approx(1 / length_penalty(6000, LENGTH_PIVOT, 1))  # its neighbour's is 0
+    assert all(0 <= s <= 1 + fusion.context_weight for s in hits.values())
+
+
+REPLY = (
+    "assistant: Making your own coffee creamer is a great idea! Homemade coffee creamer lets you choose "
+    "what goes into your coffee. Here are some coffee creamer ideas: a classic vanilla coffee creamer "
+    "with milk and vanilla; a cinnamon coffee creamer with a pinch of spice; a mocha coffee creamer with "
+    "cocoa powder; a hazelnut coffee creamer with hazelnut syrup; a pumpkin spice coffee creamer for the "
+    "autumn; a coconut coffee creamer with coconut cream; a caramel coffee creamer with a little caramel "
+    "sauce. Keep your homemade coffee creamer in a sealed jar in the fridge, shake it before you pour "
+    "it, and use it within a week. You can also froth your coffee creamer for a cafe-style drink, or try "
+    "an oat milk coffee creamer if you prefer something lighter. For a sweeter coffee creamer, add maple "
+    "syrup or condensed milk; for a richer coffee creamer, use half cream and half milk. A coffee creamer "
+    "made with cashews blends smooth; soak them overnight first. Many people like a seasonal coffee "
+    "creamer: peppermint in winter, lavender in spring, berry in summer. If your coffee creamer separates, "
+    "that is normal for homemade ones without stabilisers: just shake the jar. You can flavour a coffee "
+    "creamer with almond extract, orange zest or cardamom too. To keep a coffee creamer fresh longer, "
+    "sterilise the jar with boiling water, cool it, and pour the creamer in while it is cold. Label each "
+    "coffee creamer with the date you made it. A dairy-free coffee creamer from oats is best blended and "
+    "strained through a cloth; a nut-based coffee creamer needs a fine sieve. If you want a foamy coffee "
+    "creamer, warm it gently before frothing it, but never boil it. A spiced coffee creamer tastes best "
+    "after a night in the fridge, once the spices have infused. For iced coffee, a thicker coffee creamer "
+    "with a little more cream holds up better against the ice. Try one new coffee creamer each week, keep "
+    "notes on what you liked, and soon you will have a favourite. Enjoy experimenting with your coffee!"
+)
+SAID = "user: I have started making my own coffee creamer at home, with almond milk, vanilla and honey."
+
+
+@pytest.mark.parametrize("make_store", ["lancedb", "pgvector"], indirect=True)
+def test_the_statement_that_answers_outranks_a_long_reply_on_its_topic(make_store: StoreFactory) -> None:
+    """A short user statement and a long assistant reply full of the query's words, with the real
+    embedder and each backend's full text: the reply is first without the prior, second with it."""
+    assert len(REPLY) > 3 * LENGTH_PIVOT > 3 * len(SAID)
+    store = make_store()
+    filler = [f"user: Day {n} of my pottery course: a coffee first, then bowl number {n}." for n in range(30)]
+    filler += [
+        f"user: On day {n} of the course we talked about glazes, kilns, clay, wheels and trimming tools; "
+        "someone had brought a jug of creamer."
+        for n in range(5)
+    ]
+    # each in a session of its own: no memory lends another context
+    turns = [*filler, SAID, REPLY]
+    sessions = [Provenance("imported", session_id=f"s{n}") for n in range(len(turns))]
+    store.remember_many("u", [MemoryInput(t, provenance=p) for t, p in zip(turns, sessions, strict=True)])
+    query = "What do I put in my homemade coffee creamer?"
+    store.fusion = Fusion(length_weight=0)
+    assert [h.memory.content for h in store.search("u", query, k=2)] == [REPLY, SAID]
+    store.fusion = Fusion()
+    assert [h.memory.content for h in store.search("u", query, k=2)] == [SAID, REPLY]
