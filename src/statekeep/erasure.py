@@ -1,7 +1,8 @@
 """Erasing an owner from every store at once, with one receipt (GDPR Art. 17, CCPA deletion).
 
 :func:`erase_owner` removes everything statekeep holds of one owner: context
-sessions with their events and summaries, the working-state versions and the
+sessions with their events and summaries (and the Agents SDK items of those
+sessions, ``statekeep_agents.items``), the working-state versions and the
 runs of the owner's runs (journal, tool ledger, approvals, events sent to
 them), the owner's memories, and last the owner's data keys, so that whatever
 bytes of the owner's sealed payloads remain anywhere (a PostgreSQL dead tuple,
@@ -60,6 +61,8 @@ class ErasureReceipt:
         owner: The owner erased.
         cancelled: Live runs of the owner that were cancelled first.
         context: ``sessions``, ``events`` (summaries included) and ``summaries`` removed.
+        agents: ``items``: the Agents SDK items the owner's sessions stored
+            (:class:`~statekeep.integrations.agents.StatekeepSession`) removed.
         working: ``versions`` of working state removed.
         workflow: ``runs``, ``steps`` (journal), ``tool_calls`` (ledger), ``approvals``, ``events``.
         memory: The memory store's own receipt, as a dict (None without a memory store).
@@ -73,6 +76,7 @@ class ErasureReceipt:
     owner: str
     cancelled: tuple[str, ...]
     context: dict[str, int]
+    agents: dict[str, int]
     working: dict[str, int]
     workflow: dict[str, int]
     memory: dict[str, Any] | None
@@ -85,7 +89,7 @@ class ErasureReceipt:
     def counts(self) -> dict[str, int]:
         """Every count in one flat dict (``context.events``, ``memory.removed``...), as the audit keeps it."""
         flat = {"cancelled": len(self.cancelled)}
-        for section in ("context", "working", "workflow", "keys"):
+        for section in ("context", "agents", "working", "workflow", "keys"):
             for name, value in (getattr(self, section) or {}).items():
                 flat[f"{section}.{name}"] = value
         if self.memory is not None:
@@ -98,6 +102,7 @@ class ErasureReceipt:
             "owner": self.owner,
             "cancelled": list(self.cancelled),
             "context": self.context,
+            "agents": self.agents,
             "working": self.working,
             "workflow": self.workflow,
             "memory": self.memory,
@@ -137,7 +142,12 @@ def erase_owner(
     # runs are still there to find, and erasing again finishes the job
     versions = working.delete(*run_ids) if working is not None else 0
     runs = workflow.delete_owner(owner)
+    session_ids = context.sessions_of(owner)
+    # the SDK items before their sessions (a crash in between leaves the sessions to find), and
+    # again after: an item a session stored meanwhile goes too
+    items = _delete_agent_items(context, session_ids)
     sessions = context.delete_owner(owner)
+    items += _delete_agent_items(context, session_ids)
     forgotten: ForgetReceipt | None = memory.forget(owner) if memory is not None else None
     shredded = keys.shred(owner) if keys is not None else None
     locations = [f"{db!r}: {db.scrub()}" for db in _databases(context, working, workflow)]
@@ -157,6 +167,7 @@ def erase_owner(
         owner=owner,
         cancelled=tuple(cancelled),
         context=sessions,
+        agents={"items": items},
         working={"versions": versions},
         workflow=runs,
         memory=None if forgotten is None else forgotten.as_dict(),
@@ -186,6 +197,18 @@ def _settle_live_runs(workflow: WorkflowStore, owner: str, cancel_live: bool) ->
     if live:  # runs keep being started for this owner: stop them at the source first
         raise LiveRunsError(owner, live)
     return cancelled
+
+
+def _delete_agent_items(context: ContextStore, session_ids: list[str]) -> int:
+    """Delete the Agents SDK items of these sessions from the context store's database (if SQL)."""
+    from statekeep.db import Database
+
+    db = getattr(context, "db", None)
+    if not isinstance(db, Database):
+        return 0
+    from statekeep.integrations._agents_items import delete_items
+
+    return delete_items(db, session_ids)
 
 
 def _databases(*stores: object) -> Sequence[Any]:
