@@ -38,6 +38,8 @@ NOT_REACHED = (
     "copies made outside statekeep: model providers' logs, application logs, exports already handed out",
     "other owners' sessions, runs and memories that quote this owner (erasure goes by owner)",
     "the audit log's records of this owner (ids and counts, never content), kept as proof",
+    "LangGraph checkpoints and store items (StatekeepSaver, StatekeepStore): they name threads and "
+    "namespaces, not owners; delete the person's threads with delete_thread and their namespaces' items",
     "processes that cached this owner's data key or decoded context keep them in memory until "
     "they restart (data keys for at most a minute as the current key)",
 )
@@ -212,12 +214,18 @@ def _delete_agent_items(context: ContextStore, session_ids: list[str]) -> int:
 
 
 def _databases(*stores: object) -> Sequence[Any]:
-    """The distinct SQL databases of these stores (a Database each, in order)."""
+    """The distinct SQL databases of these stores (a Database each, in order).
+
+    Stores opened one by one on the same URL (a Runtime's, on one SQLite file) are
+    one database: scrubbed once, named once in the receipt. An in-memory SQLite
+    database is its own, whatever its URL.
+    """
     from statekeep.db import Database
 
-    found: dict[int, Database] = {}
+    found: dict[object, Database] = {}
     for store in stores:
         db = getattr(store, "db", None)
         if isinstance(db, Database):
-            found.setdefault(id(db), db)
+            private = db.name == "sqlite" and db.url.database in (None, "", ":memory:")
+            found.setdefault(id(db) if private else db.url.render_as_string(hide_password=False), db)
     return list(found.values())

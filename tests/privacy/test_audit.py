@@ -61,6 +61,7 @@ def test_cli_erase_refuses_live_runs_then_cancels_them_and_prints_the_receipt(
     assert receipt["workflow"]["runs"] == 2
     assert receipt["keys"] == {"data_keys": 1}
     assert receipt["memory"]["removed"] == 1
+    assert len(set(receipt["locations"])) == len(receipt["locations"])  # each database scrubbed, named once
     assert runtime.engine.store.runs_of("alice") == []
     code, out = cli("audit", "--json", "--action", "erase")
     assert code == 0, out
