@@ -1,7 +1,8 @@
 """Erasing an owner from every store at once, with one receipt (GDPR Art. 17, CCPA deletion).
 
 :func:`erase_owner` removes everything statekeep holds of one owner: context
-sessions with their events and summaries, the working-state versions and the
+sessions with their events and summaries (and the Agents SDK items of those
+sessions, ``statekeep_agents.items``), the working-state versions and the
 runs of the owner's runs (journal, tool ledger, approvals, events sent to
 them), the owner's memories, and last the owner's data keys, so that whatever
 bytes of the owner's sealed payloads remain anywhere (a PostgreSQL dead tuple,
@@ -37,6 +38,8 @@ NOT_REACHED = (
     "copies made outside statekeep: model providers' logs, application logs, exports already handed out",
     "other owners' sessions, runs and memories that quote this owner (erasure goes by owner)",
     "the audit log's records of this owner (ids and counts, never content), kept as proof",
+    "LangGraph checkpoints and store items (StatekeepSaver, StatekeepStore): they name threads and "
+    "namespaces, not owners; delete the person's threads with delete_thread and their namespaces' items",
     "processes that cached this owner's data key or decoded context keep them in memory until "
     "they restart (data keys for at most a minute as the current key)",
 )
@@ -60,6 +63,8 @@ class ErasureReceipt:
         owner: The owner erased.
         cancelled: Live runs of the owner that were cancelled first.
         context: ``sessions``, ``events`` (summaries included) and ``summaries`` removed.
+        agents: ``items``: the Agents SDK items the owner's sessions stored
+            (:class:`~statekeep.integrations.agents.StatekeepSession`) removed.
         working: ``versions`` of working state removed.
         workflow: ``runs``, ``steps`` (journal), ``tool_calls`` (ledger), ``approvals``, ``events``.
         memory: The memory store's own receipt, as a dict (None without a memory store).
@@ -73,6 +78,7 @@ class ErasureReceipt:
     owner: str
     cancelled: tuple[str, ...]
     context: dict[str, int]
+    agents: dict[str, int]
     working: dict[str, int]
     workflow: dict[str, int]
     memory: dict[str, Any] | None
@@ -85,7 +91,7 @@ class ErasureReceipt:
     def counts(self) -> dict[str, int]:
         """Every count in one flat dict (``context.events``, ``memory.removed``...), as the audit keeps it."""
         flat = {"cancelled": len(self.cancelled)}
-        for section in ("context", "working", "workflow", "keys"):
+        for section in ("context", "agents", "working", "workflow", "keys"):
             for name, value in (getattr(self, section) or {}).items():
                 flat[f"{section}.{name}"] = value
         if self.memory is not None:
@@ -98,6 +104,7 @@ class ErasureReceipt:
             "owner": self.owner,
             "cancelled": list(self.cancelled),
             "context": self.context,
+            "agents": self.agents,
             "working": self.working,
             "workflow": self.workflow,
             "memory": self.memory,
@@ -137,7 +144,12 @@ def erase_owner(
     # runs are still there to find, and erasing again finishes the job
     versions = working.delete(*run_ids) if working is not None else 0
     runs = workflow.delete_owner(owner)
+    session_ids = context.sessions_of(owner)
+    # the SDK items before their sessions (a crash in between leaves the sessions to find), and
+    # again after: an item a session stored meanwhile goes too
+    items = _delete_agent_items(context, session_ids)
     sessions = context.delete_owner(owner)
+    items += _delete_agent_items(context, session_ids)
     forgotten: ForgetReceipt | None = memory.forget(owner) if memory is not None else None
     shredded = keys.shred(owner) if keys is not None else None
     locations = [f"{db!r}: {db.scrub()}" for db in _databases(context, working, workflow)]
@@ -157,6 +169,7 @@ def erase_owner(
         owner=owner,
         cancelled=tuple(cancelled),
         context=sessions,
+        agents={"items": items},
         working={"versions": versions},
         workflow=runs,
         memory=None if forgotten is None else forgotten.as_dict(),
@@ -188,13 +201,31 @@ def _settle_live_runs(workflow: WorkflowStore, owner: str, cancel_live: bool) ->
     return cancelled
 
 
-def _databases(*stores: object) -> Sequence[Any]:
-    """The distinct SQL databases of these stores (a Database each, in order)."""
+def _delete_agent_items(context: ContextStore, session_ids: list[str]) -> int:
+    """Delete the Agents SDK items of these sessions from the context store's database (if SQL)."""
     from statekeep.db import Database
 
-    found: dict[int, Database] = {}
+    db = getattr(context, "db", None)
+    if not isinstance(db, Database):
+        return 0
+    from statekeep.integrations._agents_items import delete_items
+
+    return delete_items(db, session_ids)
+
+
+def _databases(*stores: object) -> Sequence[Any]:
+    """The distinct SQL databases of these stores (a Database each, in order).
+
+    Stores opened one by one on the same URL (a Runtime's, on one SQLite file) are
+    one database: scrubbed once, named once in the receipt. An in-memory SQLite
+    database is its own, whatever its URL.
+    """
+    from statekeep.db import Database
+
+    found: dict[object, Database] = {}
     for store in stores:
         db = getattr(store, "db", None)
         if isinstance(db, Database):
-            found.setdefault(id(db), db)
+            private = db.name == "sqlite" and db.url.database in (None, "", ":memory:")
+            found.setdefault(id(db) if private else db.url.render_as_string(hide_password=False), db)
     return list(found.values())

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from statekeep.cli import main
 from statekeep.config import Settings
 from statekeep.memory import FakeEmbedder
 from statekeep.models import Message, ModelResponse, ScriptedModel, ToolCall
@@ -100,3 +102,27 @@ def populate(rt: Runtime, person: Person, *, gated: bool) -> dict[str, str]:
         assert second.status == "waiting_for_approval", second
         runs["gated"] = second.run_id
     return runs
+
+
+Cli = Callable[..., tuple[int, str]]
+
+
+@pytest.fixture
+def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
+    """Run ``statekeep ARGS`` in this process against the test's stores; return (exit code, output)."""
+    monkeypatch.setenv("STATEKEEP_HOME", str(settings.home))
+    monkeypatch.setenv("STATEKEEP_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("STATEKEEP_MEMORY_URL", settings.memory_url)
+    monkeypatch.setenv("COLUMNS", "250")
+
+    def run(*args: str) -> tuple[int, str]:
+        monkeypatch.setattr(sys, "argv", ["statekeep", *args])
+        code = 0
+        try:
+            main()
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out = capsys.readouterr()
+        return code, out.out + out.err
+
+    return run

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,37 +10,13 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from statekeep.audit import AuditLog, entries_table
-from statekeep.cli import main
 from statekeep.config import Settings
 from statekeep.db import Database
 from statekeep.errors import InvalidInputError, StorageError
 from statekeep.memory import FakeEmbedder
 from statekeep.runtime import Runtime
 from statekeep.workflow import RunStatus
-from tests.privacy.conftest import Person, populate
-
-Cli = Callable[..., tuple[int, str]]
-
-
-@pytest.fixture
-def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
-    """Run ``statekeep ARGS`` in this process against the test's stores; return (exit code, output)."""
-    monkeypatch.setenv("STATEKEEP_HOME", str(settings.home))
-    monkeypatch.setenv("STATEKEEP_DATABASE_URL", settings.database_url)
-    monkeypatch.setenv("STATEKEEP_MEMORY_URL", settings.memory_url)
-    monkeypatch.setenv("COLUMNS", "250")
-
-    def run(*args: str) -> tuple[int, str]:
-        monkeypatch.setattr(sys, "argv", ["statekeep", *args])
-        code = 0
-        try:
-            main()
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out = capsys.readouterr()
-        return code, out.out + out.err
-
-    return run
+from tests.privacy.conftest import Cli, Person, populate
 
 
 def _release_memory(runtime: Runtime) -> None:
@@ -87,6 +61,7 @@ def test_cli_erase_refuses_live_runs_then_cancels_them_and_prints_the_receipt(
     assert receipt["workflow"]["runs"] == 2
     assert receipt["keys"] == {"data_keys": 1}
     assert receipt["memory"]["removed"] == 1
+    assert len(set(receipt["locations"])) == len(receipt["locations"])  # each database scrubbed, named once
     assert runtime.engine.store.runs_of("alice") == []
     code, out = cli("audit", "--json", "--action", "erase")
     assert code == 0, out

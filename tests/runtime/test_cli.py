@@ -12,6 +12,7 @@ import pytest
 from statekeep.cli import main
 from statekeep.config import Settings
 from statekeep.runtime import Runtime
+from statekeep.workflow import Engine, Registry, RunContext, RunStatus, Worker
 from tests.runtime import agent_app
 from tests.runtime.conftest import ROOT, subprocess_env
 
@@ -213,6 +214,34 @@ def test_worker_finishes_an_approved_run(cli, waiting_run: str, runtime: Runtime
     assert "handled 1 runs" in out
     run = runtime.engine.store.get(waiting_run)
     assert run.status == "completed", run.error
+
+
+def test_approving_from_the_cli_keeps_a_hand_built_engines_run_readable(cli, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    """An owned run of a keyless Engine, approved by the CLI (which has the home's keys), completes."""
+    shipped: list[str] = []
+    registry = Registry()
+
+    @registry.tool("ship")
+    def ship(key: str, customer: str) -> str:
+        shipped.append(customer)
+        return "shipped"
+
+    @registry.workflow("order", version=1, owner="customer")
+    def order(ctx: RunContext, customer: str) -> str:
+        return ctx.call_tool(ship.requiring_approval("shipping needs a person"), customer)
+
+    engine = Engine(settings.url_for("workflow"), registry)
+    assert engine.run(order, "order-1", "ada").status is RunStatus.WAITING_FOR_APPROVAL
+    [approval] = engine.store.approvals(run_id="order-1")
+    code, out = cli("approvals", "approve", approval.approval_id, "--by", "boss", "--comment", "ok")
+    assert code == 0, out
+    assert Worker(engine, poll=0.01, max_poll=0.05).run_once() == 1
+    run = engine.store.get("order-1")
+    assert (run.status, run.output, run.error) == (RunStatus.COMPLETED, "shipped", None)
+    assert shipped == ["ada"]
+    # the decision was stored plain: this keyless store reads it
+    assert engine.store.approval(approval.approval_id).comment == "ok"
+    engine.store.close()
 
 
 def test_bad_input_is_one_line_without_traceback(settings: Settings) -> None:

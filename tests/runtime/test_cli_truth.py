@@ -295,3 +295,27 @@ def test_the_demo_says_where_it_writes_and_how_to_list_its_runs(
         assert f"statekeep runs list --home {where}" in out
     else:
         assert "statekeep runs list --database-url" in out
+
+
+def test_an_ambiguous_call_is_settled_from_the_cli_with_its_result(cli: Cli, settings: Settings) -> None:
+    """`approvals reject --result JSON` says the call happened and what it returned; the run completes
+    with that output and the call never runs again. Bad JSON is refused and decides nothing."""
+    from statekeep.testing._workflow_kit import Crash, mail_registry
+
+    effects: list[str] = []
+    engine = Engine(settings.url_for("workflow"), mail_registry(effects, crash=True))
+    with pytest.raises(Crash):
+        engine.run(engine.registry.get("mail", 1), "amb-1", "ed@example.com")
+    engine = Engine(engine.store, mail_registry(effects))
+    assert engine.resume("amb-1").status == "needs_decision"
+    (ask,) = engine.store.approvals(kind="ambiguous")
+    code, out = cli("approvals", "reject", ask.approval_id, "--by", "ops", "--result", "{not json")
+    assert code != 0
+    assert "--result" in out
+    assert engine.store.approval(ask.approval_id).status == "pending"
+    code, out = cli("approvals", "reject", ask.approval_id, "--by", "ops", "--result", '{"sent": "manual"}')
+    assert code == 0, out
+    run = engine.resume("amb-1")
+    assert (run.status, run.output) == ("completed", {"sent": "manual"})
+    assert effects == ["amb-1/2/0 ed@example.com"]  # once, before the crash
+    engine.store.close()

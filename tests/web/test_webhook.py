@@ -349,3 +349,27 @@ def test_passwords_in_database_urls_never_reach_a_message() -> None:
         Database(url).check()
     assert "S3CRET" not in str(failed.value)
     assert "hunter2" not in str(failed.value)
+
+
+def test_a_decision_over_http_with_keys_stays_readable_by_a_keyless_worker(
+    make_engine: EngineFactory, database_url: str, tmp_path: Path
+) -> None:
+    """The console's store has keys, the run's engine none: the decision is plain, the run completes."""
+    from statekeep.keys import KeyRing, LocalKeyFile
+    from statekeep.web import create_app
+    from tests.workflow.test_sealed_runs import ship_registry
+
+    effects = tmp_path / "effects"
+    engine = make_engine(ship_registry(effects))
+    assert engine.run(engine.registry.get("order", 1), "o-1", "ada").status is RunStatus.WAITING_FOR_APPROVAL
+    store = SQLWorkflowStore(database_url, keys=KeyRing(database_url, LocalKeyFile(tmp_path / "keys.json")))
+    with TestClient(create_app(store, tokens=TOKENS)) as client:
+        (ask,) = client.get("/approvals", headers=auth(ALICE)).json()
+        body = {"approve": True, "comment": "paid"}
+        decided = client.post(f"/approvals/{ask['approval_id']}/decision", json=body, headers=auth(ALICE))
+        assert decided.status_code == 200, decided.text
+    run = engine.resume("o-1")
+    assert (run.status, run.output, run.error) == (RunStatus.COMPLETED, {"shipped": 1234}, None)
+    assert engine.store.approval(ask["approval_id"]).comment == "paid"
+    assert lines(effects) == ["o-1/2/0 ada 1234"]
+    store.close()

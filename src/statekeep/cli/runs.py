@@ -240,6 +240,13 @@ ApprovalID = Annotated[
 ]
 By = Annotated[str, typer.Option("--by", help="Who decides (required, recorded).")]
 Comment = Annotated[str | None, typer.Option(help="Why; recorded with the decision.")]
+Result = Annotated[
+    str | None,
+    typer.Option(
+        help="JSON the run receives with the decision: for an ambiguous call rejected (it happened), "
+        "the call's output."
+    ),
+]
 
 
 @approvals_app.command("approve")
@@ -247,11 +254,13 @@ def approvals_approve(
     approval_id: ApprovalID,
     by: By,
     comment: Comment = None,
+    result: Result = None,
     database_url: DatabaseURL = None,
     home: Home = None,
 ) -> None:
-    """Approve: the gated action may run, with exactly the arguments shown."""
-    a = _decide(approval_id, True, by, comment, database_url, home)
+    """Approve: the gated action may run, with exactly the arguments shown (for an ambiguous call:
+    it did not happen, run it again)."""
+    a = _decide(approval_id, True, by, comment, result, database_url, home)
     console.print(
         literal(f"approval {a.approval_id}: {a.status} by {a.decided_by}; run {a.run_id} can resume")
     )
@@ -262,22 +271,36 @@ def approvals_reject(
     approval_id: ApprovalID,
     by: By,
     comment: Comment = None,
+    result: Result = None,
     database_url: DatabaseURL = None,
     home: Home = None,
 ) -> None:
-    """Reject: the gated action will not run."""
-    a = _decide(approval_id, False, by, comment, database_url, home)
+    """Reject: the gated action will not run (for an ambiguous call: it did happen; --result is its
+    output)."""
+    a = _decide(approval_id, False, by, comment, result, database_url, home)
     console.print(literal(f"approval {a.approval_id}: {a.status} by {a.decided_by}"))
 
 
 def _decide(
-    approval_id: str, approve: bool, by: str, comment: str | None, database_url: str | None, home: str | None
+    approval_id: str,
+    approve: bool,
+    by: str,
+    comment: str | None,
+    result: str | None,
+    database_url: str | None,
+    home: str | None,
 ) -> Approval:
     """Record a decision, trace it, and put it in the audit log."""
     from statekeep import tracing
 
+    value = None
+    if result is not None:
+        try:
+            value = json.loads(result)
+        except ValueError as exc:
+            raise InvalidInputError(f"must be JSON: {exc}", field="--result") from exc
     store = open_workflow(database_url, home)
-    decided = store.decide(approval_id, approve=approve, by=by, comment=comment)
+    decided = store.decide(approval_id, approve=approve, by=by, comment=comment, result=value)
     tracing.approval_decided(decided, store.find(decided.run_id), via="cli")
     action: Action = "approve" if approve else "reject"
     record_audit(database_url, home, action, decided.approval_id, {"run": decided.run_id, "by": by})

@@ -28,8 +28,8 @@ from typing import Any
 
 from statekeep.context._types import LogEntry
 from statekeep.db import Database
-from statekeep.errors import SealedDataError, StorageError
-from statekeep.keys import KeyRing
+from statekeep.errors import StorageError
+from statekeep.keys import KeyRing, is_sealed, no_key_ring
 
 #: Reads the rows ``(seq, kind, payload, tokens, counter)`` with ``first <= seq <= last``.
 Refetch = Callable[[int, int], Sequence[Any]]
@@ -47,8 +47,9 @@ def payloads(rows: Sequence[Any], keys: KeyRing | None) -> list[Any]:
     if not rows:
         return []
     texts = [r[2] for r in rows] if keys is None else [keys.open(r[2]) for r in rows]
-    if keys is None and any(t.startswith("sk1:") for t in texts):
-        raise SealedDataError("-", "this context store has no key ring: open it with keys=")
+    sealed = None if keys is not None else next((t for t in texts if is_sealed(t)), None)
+    if sealed is not None:
+        raise no_key_ring(sealed, "context", "the session")
     try:
         decoded: list[Any] = _decode("[" + ",".join(texts) + "]")
     except ValueError:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from statekeep.errors import ConfigError
 from statekeep.keys.provider import KeyProvider, LocalKeyFile
 from statekeep.keys.reseal import reencrypt
-from statekeep.keys.ring import KeyRing, ShredReport, is_sealed, key_id_of
+from statekeep.keys.ring import KeyRing, ShredReport, is_sealed, key_id_of, no_key_ring
 
 if TYPE_CHECKING:
     from statekeep.config import Settings
@@ -59,6 +59,7 @@ __all__ = [
     "ShredReport",
     "is_sealed",
     "key_id_of",
+    "no_key_ring",
     "open_key_ring",
     "provider_for",
     "reencrypt",

@@ -113,6 +113,19 @@ def key_id_of(value: str) -> str | None:
     return value[4:24] if is_sealed(value) else None
 
 
+def no_key_ring(token: str, store: str, whose: str) -> SealedDataError:
+    """The error for a sealed ``token`` of ``whose`` (a run, a session) read by a ``store`` without keys.
+
+    It names the data key, whose values are sealed, and how to open the store.
+    """
+    return SealedDataError(
+        str(key_id_of(token)),
+        f"{whose} holds values sealed with its owner's data key, and this {store} store has no key ring:"
+        " open it with keys=open_key_ring(Settings.load()) (from statekeep.keys), as the CLI and the"
+        " Runtime do; for a hand-built engine, Engine(url, registry, keys=...)",
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Key:
     dek_id: str

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from statekeep._extras import requires
 from statekeep.errors import InvalidInputError
+from statekeep.memory._ranking import Fusion
 from statekeep.memory._types import (
     DEFAULT_TRUST,
     Filters,
@@ -47,6 +48,7 @@ __all__ = [
     "FakeEmbedder",
     "Filters",
     "ForgetReceipt",
+    "Fusion",
     "InMemoryMemoryStore",
     "LanceDBMemoryStore",
     "Memory",

@@ -46,7 +46,11 @@ LENGTH_WEIGHT = 1.0
 
 @dataclass(frozen=True)
 class Fusion:
-    """The knobs of hybrid search (defaults: the module constants)."""
+    """The knobs of hybrid search (defaults: the module constants), a store's ``fusion`` attribute.
+
+    A store of long texts (documents rather than statements) can turn the length
+    prior off: ``store.fusion = Fusion(length_weight=0)``.
+    """
 
     pool: int = POOL
     vector_weight: float = VECTOR_WEIGHT

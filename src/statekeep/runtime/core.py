@@ -403,9 +403,9 @@ class Runtime:
     ) -> ErasureReceipt:
         """Erase everything of ``owner`` from every store, with one receipt (see :mod:`statekeep.erasure`).
 
-        Context sessions and their events and summaries, working-state versions,
-        runs with their journal, ledger, approvals and events, memories, and last
-        the owner's data keys. Live runs are refused with
+        Context sessions and their events and summaries (and the Agents SDK items
+        stored for them), working-state versions, runs with their journal, ledger,
+        approvals and events, memories, and last the owner's data keys. Live runs are refused with
         :class:`~statekeep.errors.LiveRunsError` unless ``cancel_live``. The
         erasure is recorded in the audit log (``actor``, default ``"runtime"``)
         with the owner's id and the counts only.

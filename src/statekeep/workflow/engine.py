@@ -18,11 +18,13 @@ from statekeep.errors import (
     InvalidInputError,
     LeaseLostError,
     NonDeterminismError,
+    SealedDataError,
     StorageError,
     Suspended,
     UnknownWorkflowError,
     WorkflowVersionError,
 )
+from statekeep.keys import KeyRing
 from statekeep.workflow import codec
 from statekeep.workflow._types import FINISHED, Run, RunStatus
 from statekeep.workflow.base import WorkflowStore, now
@@ -37,8 +39,9 @@ from statekeep.working.base import check_run_id
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: errors that mean the code, not the run, is wrong: they reach the caller and the run is held back
-_HOLD = (NonDeterminismError, InvalidInputError, WorkflowVersionError, ConfigError)
+#: errors that mean the code or its configuration, not the run, is wrong: they reach the caller
+#: and the run is held back (a sealed value this engine cannot open: it was built without keys=)
+_HOLD = (NonDeterminismError, InvalidInputError, WorkflowVersionError, ConfigError, SealedDataError)
 
 
 class Engine:
@@ -48,6 +51,11 @@ class Engine:
     :class:`~statekeep.working.SQLWorkingStateStore` and each step's completion
     commits in the same transaction as the state version it produced. ``db`` may
     also be any :class:`~statekeep.workflow.WorkflowStore` backend.
+
+    ``keys`` (a :class:`~statekeep.keys.KeyRing`, for a URL or a Database) seals
+    the payloads of owned runs and opens sealed ones, as the CLI, the console and
+    the Runtime do: ``keys=open_key_ring(Settings.load())``. Without it, owned
+    runs are stored plain, and a run holding sealed values is held back.
 
     Examples:
         >>> from statekeep.workflow import Registry, RunContext
@@ -68,6 +76,7 @@ class Engine:
         state_store: WorkingStateStore | None = None,
         owner: str | None = None,
         lease: float = 30.0,
+        keys: KeyRing | None = None,
     ) -> None:
         check_seconds(lease, "lease", positive=True)
         if not isinstance(registry, Registry):
@@ -78,7 +87,9 @@ class Engine:
             raise InvalidInputError(
                 f"must be a WorkingStateStore or None, not {type(state_store).__name__}", field="state_store"
             )
-        self.store = db if isinstance(db, WorkflowStore) else SQLWorkflowStore(db)
+        if keys is not None and isinstance(db, WorkflowStore):
+            raise InvalidInputError("a ready-made store has its own key ring: pass keys= to it", field="keys")
+        self.store = db if isinstance(db, WorkflowStore) else SQLWorkflowStore(db, keys=_key_ring(keys))
         self.registry = registry
         self.state_store = state_store
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -343,6 +354,12 @@ class Engine:
                 tx.suspend(RunStatus.PENDING, None, {"held": f"{type(exc).__name__}: {exc}"})
         except LeaseLostError:
             pass
+
+
+def _key_ring(keys: object) -> KeyRing | None:
+    if keys is not None and not isinstance(keys, KeyRing):
+        raise InvalidInputError(f"must be a KeyRing or None, not {type(keys).__name__}", field="keys")
+    return keys
 
 
 def _invoke(exe: Execution, store: WorkflowStore, stored: dict[str, Any]) -> Any:

@@ -20,7 +20,7 @@ import pydantic
 from statekeep import tracing
 from statekeep._check import check_int
 from statekeep.db import aio
-from statekeep.errors import ConfigError, LeaseLostError, StepFailedError, StorageError
+from statekeep.errors import ConfigError, LeaseLostError, SealedDataError, StepFailedError, StorageError
 from statekeep.workflow import codec, tools, waits
 from statekeep.workflow._types import Checkpoint, Run
 from statekeep.workflow.base import now
@@ -31,7 +31,8 @@ from statekeep.workflow.registry import Step, Tool, Workflow
 _step = functools.lru_cache(maxsize=1024)(Step)
 
 #: errors of the infrastructure, not of a step: never retried as a step failure, never fail the run
-_INFRASTRUCTURE = (StorageError, LeaseLostError, ConfigError)
+#: (a sealed value this process has no key ring for is its configuration's fault, not the run's)
+_INFRASTRUCTURE = (StorageError, LeaseLostError, ConfigError, SealedDataError)
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -226,7 +226,7 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
     def retry(self, run_id: str) -> Run:
         check_run_id(run_id)
         stamp = now()
-        owner = self._owner(run_id) if self.keys is not None else None
+        owner = self._sealer(run_id)
         self._prepare(owner)
         with self.db.begin() as conn:
             error = get_run(conn, run_id, self.keys).error
@@ -262,7 +262,7 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
         new_id = check_run_id(run["run_id"])
         check_int(at_seq, "at_seq", maximum=MAX_SEQ)
         stamp = now()
-        owner = self._owner(run_id)
+        owner = self._sealer(run_id)  # the fork's payloads are sealed as its source's are
         self._prepare(owner)
         with self.db.begin() as conn:
             source = get_run(conn, run_id, self.keys)
@@ -277,7 +277,7 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
                 "run_id": new_id,
                 "workflow": source.workflow,
                 "version": source.version,
-                "input": seal(self.keys, source.owner, run["input"]),
+                "input": seal(self.keys, owner, run["input"]),
                 "input_hash": run["input_hash"],
                 "status": RunStatus.PENDING.value,
                 "owner": source.owner,
@@ -388,7 +388,7 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
     def replay(self, run_id: str, start: int, size: int) -> list[ReplayEntry]:
         # five columns as plain tuples: no timestamps converted, no output opened until replay needs it
         params = {"rid": run_id, "lo": start, "hi": min(start + size - 1, MAX_SEQ)}
-        opener = partial(unseal, self.keys)
+        opener = partial(unseal, self.keys, whose=f"run {run_id!r}")
         with self.db.read() as conn:
             return [ReplayEntry(*row, opener) for row in conn.execute(_REPLAY, params).all()]
 

@@ -17,7 +17,7 @@ from statekeep.db import Database
 from statekeep.errors import (
     RunNotFoundError,
 )
-from statekeep.keys import KeyRing
+from statekeep.keys import KeyRing, is_sealed
 from statekeep.workflow import codec
 from statekeep.workflow._types import (
     Run,
@@ -46,12 +46,32 @@ class SQLBase(WorkflowStore):
         if self.keys is not None and owner is not None and not self.keys.ready(owner):
             self.keys.prepare(owner)
 
-    def _owner(self, run_id: str) -> str | None:
+    def _sealer(self, run_id: str) -> str | None:
+        """Whose data key seals what is written to a run from outside its worker (an event, a note, a fork).
+
+        The run's owner when this store has a key ring and the run's input is sealed;
+        otherwise None, and the payload is stored plain: see :func:`sealing_owner`.
+        """
+        if self.keys is None:
+            return None
         with self.db.read() as conn:
-            return conn.execute(sa.select(runs.c.owner).where(runs.c.run_id == run_id)).scalar()
+            row = conn.execute(sa.select(runs.c.owner, runs.c.input).where(runs.c.run_id == run_id)).first()
+        return None if row is None else sealing_owner(row.owner, row.input)
 
     def close(self) -> None:
         self.db.dispose()
+
+
+def sealing_owner(owner: str | None, beside: str | None) -> str | None:
+    """``owner`` if ``beside``, a payload of the same run that its worker wrote, is sealed; else None.
+
+    Whoever writes to a run (its worker, or a person's decision from a CLI or a
+    console opened with the home's key ring), the run's worker must be able to
+    read it. A worker seals exactly when it has a key ring, so a payload is
+    sealed when the run's own payloads are, and stored plain when they are not:
+    a store without keys reads plain text, and one with keys reads both.
+    """
+    return owner if beside is not None and is_sealed(beside) else None
 
 
 def get_run(conn: Connection, run_id: str, keys: KeyRing | None) -> Run:

@@ -30,7 +30,7 @@ from statekeep.workflow.rules import (
     check_decision,
     check_event,
 )
-from statekeep.workflow.sql_base import SQLBase
+from statekeep.workflow.sql_base import SQLBase, sealing_owner
 from statekeep.workflow.sql_tx import (
     approval_record,
     seal,
@@ -76,7 +76,7 @@ class SQLPeople(SQLBase):
         self, approval_id: str, *, approve: bool, by: str, comment: str | None = None, result: Any = None
     ) -> Approval:
         encoded = check_decision(approval_id, approve, by, comment, result)
-        owner = self._approval_owner(approval_id) if self.keys is not None else None
+        owner = self._decision_sealer(approval_id)
         self._prepare(owner)
         with self.db.begin() as conn:
             current = _approval(conn, approval_id, self.keys)
@@ -99,15 +99,23 @@ class SQLPeople(SQLBase):
             raise ApprovalExpiredError(approval_id, current.action, "expired before a decision")
         return decided
 
-    def _approval_owner(self, approval_id: str) -> str | None:
-        q = sa.select(runs.c.owner).join(approvals, approvals.c.run_id == runs.c.run_id)
+    def _decision_sealer(self, approval_id: str) -> str | None:
+        """Whose key seals a decision: the run owner's when its worker sealed the question it asked.
+
+        Deciding never makes a run unreadable for its worker: a run worked
+        without a key ring gets a plain decision, whoever decides.
+        """
+        if self.keys is None:
+            return None
+        q = sa.select(runs.c.owner, approvals.c.args).join(approvals, approvals.c.run_id == runs.c.run_id)
         with self.db.read() as conn:
-            return conn.execute(q.where(approvals.c.approval_id == approval_id)).scalar()
+            row = conn.execute(q.where(approvals.c.approval_id == approval_id)).first()
+        return None if row is None else sealing_owner(row.owner, row.args)
 
     def send_event(self, run_id: str, name: str, payload: Any = None) -> None:
         check_run_id(run_id)
         text = check_event(name, payload)
-        owner = self._owner(run_id) if self.keys is not None else None
+        owner = self._sealer(run_id)
         self._prepare(owner)
         text = seal(self.keys, owner, text)
         with self.db.begin() as conn:

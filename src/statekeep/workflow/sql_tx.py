@@ -23,8 +23,8 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from statekeep.db import Database
 from statekeep.db.types import UTCDateTime
-from statekeep.errors import LeaseLostError, SealedDataError
-from statekeep.keys import KeyRing
+from statekeep.errors import LeaseLostError
+from statekeep.keys import KeyRing, is_sealed, no_key_ring
 from statekeep.workflow import codec
 from statekeep.workflow._types import Approval, LedgerEntry, Run, RunStatus, StepRecord
 from statekeep.workflow.base import RunWrite, StagedState, now
@@ -220,7 +220,7 @@ class SQLRunWrite(RunWrite):
         if row is None:
             return False, None
         self.conn.execute(events.update().where(events.c.id == row.id).values(consumed_seq=seq))
-        return True, codec.loads(unseal(self.keys, row.payload))
+        return True, codec.loads(unseal(self.keys, row.payload, f"run {self._rid!r}"))
 
     def suspend(self, status: RunStatus, wake_at: datetime | None, waiting: dict[str, Any]) -> None:
         # fenced by the epoch itself, and read back in the same statement: the engine returns it
@@ -303,36 +303,42 @@ def seal(keys: KeyRing | None, owner: str | None, text: str) -> str:
     return keys.seal(owner, text, create=False)
 
 
-def unseal(keys: KeyRing | None, text: str) -> str:
-    """The plain text of a stored payload.
+def unseal(keys: KeyRing | None, text: str, whose: str = "a run") -> str:
+    """The plain text of a stored payload (``whose``: the run it belongs to, for the error).
 
     Raises:
         SealedDataError: the payload is sealed and this store has no key ring, or its key was shredded.
     """
     if keys is not None:
         return keys.open(text)
-    if text.startswith("sk1:"):
-        raise SealedDataError("-", "this workflow store has no key ring: open it with keys=")
+    if text.startswith("sk1:") and is_sealed(text):
+        raise no_key_ring(text, "workflow", whose)
     return text
+
+
+def _whose(row: RowMapping) -> str:
+    owner = row.get("owner")
+    return f"run {row['run_id']!r}" + ("" if owner is None else f" (owner {owner!r})")
 
 
 # --- rows onto records -----------------------------------------------------------------------
 
 
-def _loads(text: str | None, keys: KeyRing | None = None) -> Any:
-    return None if text is None else json.loads(unseal(keys, text))
+def _loads(text: str | None, keys: KeyRing | None = None, whose: str = "a run") -> Any:
+    return None if text is None else json.loads(unseal(keys, text, whose))
 
 
 def run_record(row: RowMapping, keys: KeyRing | None = None) -> Run:
     """Map a ``runs`` row onto a :class:`Run` (opening its sealed payloads with ``keys``)."""
+    whose = _whose(row)
     return Run(
         run_id=row["run_id"],
         workflow=row["workflow"],
         version=row["version"],
         status=RunStatus(row["status"]),
-        input=_loads(row["input"], keys),
-        output=_loads(row["output"], keys),
-        error=None if row["error"] is None else unseal(keys, row["error"]),
+        input=_loads(row["input"], keys, whose),
+        output=_loads(row["output"], keys, whose),
+        error=None if row["error"] is None else unseal(keys, row["error"], whose),
         parent_id=row["parent_id"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
@@ -351,13 +357,14 @@ def run_record(row: RowMapping, keys: KeyRing | None = None) -> Run:
 def step_record(row: RowMapping, keys: KeyRing | None = None) -> StepRecord:
     """Map a ``steps`` row onto a :class:`StepRecord`."""
     values = {k: row[k] for k in StepRecord.__slots__}
-    values["output"] = unseal(keys, values["output"])
+    values["output"] = unseal(keys, values["output"], _whose(row))
     return StepRecord(**values)
 
 
 def ledger_entry(row: RowMapping, keys: KeyRing | None = None) -> LedgerEntry:
     """Map a ``tool_calls`` row onto a :class:`LedgerEntry`."""
-    args = json.loads(unseal(keys, row["args"]))
+    whose = _whose(row)
+    args = json.loads(unseal(keys, row["args"], whose))
     return LedgerEntry(
         run_id=row["run_id"],
         seq=row["seq"],
@@ -366,7 +373,7 @@ def ledger_entry(row: RowMapping, keys: KeyRing | None = None) -> LedgerEntry:
         args=args["args"],
         kwargs=args["kwargs"],
         status=row["status"],
-        result=_loads(row["result"], keys),
+        result=_loads(row["result"], keys, whose),
         started_at=row["started_at"],
         completed_at=row["completed_at"],
     )
@@ -375,7 +382,8 @@ def ledger_entry(row: RowMapping, keys: KeyRing | None = None) -> LedgerEntry:
 def approval_record(row: RowMapping, keys: KeyRing | None = None) -> Approval:
     """Map an ``approvals`` row onto an :class:`Approval` (its arguments opened, for the person deciding)."""
     values = {k: row[k] for k in Approval.__slots__}
-    values["args"] = json.loads(unseal(keys, row["args"]))
-    values["result"] = _loads(row["result"], keys)
-    values["comment"] = None if row["comment"] is None else unseal(keys, row["comment"])
+    whose = _whose(row)
+    values["args"] = json.loads(unseal(keys, row["args"], whose))
+    values["result"] = _loads(row["result"], keys, whose)
+    values["comment"] = None if row["comment"] is None else unseal(keys, row["comment"], whose)
     return Approval(**values)

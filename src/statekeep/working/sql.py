@@ -19,8 +19,8 @@ from sqlalchemy.engine import Connection
 from statekeep.db import Database, Migration, upgrade
 from statekeep.db.migrations import create_tables
 from statekeep.db.types import UTCDateTime
-from statekeep.errors import SealedDataError, VersionConflictError
-from statekeep.keys import KeyRing
+from statekeep.errors import VersionConflictError
+from statekeep.keys import KeyRing, is_sealed, no_key_ring
 from statekeep.working._types import StateVersion
 from statekeep.working.base import WorkingStateStore
 from statekeep.working.schema import StateMigrations
@@ -117,8 +117,8 @@ def _record(row: sa.Row[tuple[object, ...]], keys: KeyRing | None) -> StateVersi
     values = dict(row._mapping)
     if keys is not None:
         values["state"] = keys.open(values["state"])
-    elif values["state"].startswith("sk1:"):
-        raise SealedDataError("-", "this working-state store has no key ring: open it with keys=")
+    elif is_sealed(values["state"]):
+        raise no_key_ring(values["state"], "working-state", f"run {values['run_id']!r}")
     return StateVersion(**values)
 
 

@@ -5,6 +5,10 @@ message (so ``statekeep context show`` and the context builder see the conversat
 with an idempotency key that names the exact item, kept in the integration's own
 table (``statekeep_agents.items``): the SDK gets back precisely what it stored.
 
+With a key ring, the items and the events of an owned session are sealed with the
+owner's data key, as the runtime seals its rows; erasing the owner deletes both
+and shreds the key (:func:`statekeep.erasure.erase_owner`).
+
 The log stays append-only. ``clear_session`` appends a ``marker`` event (reason
 ``cleared``, :meth:`ContextStore.mark <statekeep.context.ContextStore.mark>`): the
 context builder, compaction and :meth:`get_items` all start after the latest marker.
@@ -17,15 +21,18 @@ import asyncio
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import sqlalchemy as sa
 
+from statekeep._check import check_id, check_json_object, check_optional_id
 from statekeep.context import Event, Message, SQLContextStore, ToolCall
 from statekeep.context._types import MARKER, MESSAGE_KINDS
-from statekeep.db import Database, Migration, upgrade
-from statekeep.db.migrations import create_tables
+from statekeep.db import Database
+from statekeep.errors import InvalidInputError, SealedDataError
+from statekeep.integrations._agents_items import items_table, setup
 from statekeep.integrations._extras import missing
+from statekeep.keys import KeyRing, is_sealed, key_id_of
 
 try:
     from agents.memory.session import SessionABC
@@ -34,19 +41,6 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise missing("agents", "statekeep.integrations.agents", exc) from exc
 
 __all__ = ["CLEARED", "REWOUND", "StatekeepSession"]
-
-SCHEMA = "statekeep_agents"
-_metadata = sa.MetaData(schema=SCHEMA)
-items_table = sa.Table(
-    "items",
-    _metadata,
-    sa.Column("session_id", sa.String(255), primary_key=True),
-    sa.Column("key", sa.String(255), primary_key=True),
-    sa.Column("item", sa.Text, nullable=False),
-)
-MIGRATIONS = [
-    Migration(1, "items: the exact SDK item of each logged event", create_tables(_metadata, "items"))
-]
 
 #: The reasons of the markers ``clear_session`` and ``pop_item`` append.
 CLEARED, REWOUND = "cleared", "rewound"
@@ -72,7 +66,18 @@ class StatekeepSession(SessionABC):
         store: a :class:`~statekeep.context.SQLContextStore`, a
             :class:`~statekeep.db.Database` or a database URL.
         owner: when given, the session must be this owner's (or is claimed for them).
+        keys: the :class:`~statekeep.keys.KeyRing` that seals the items and events of an
+            owned session with the owner's data key; ``None`` stores them as plain text.
+            By default (``"settings"``), what :meth:`Runtime.open
+            <statekeep.runtime.Runtime.open>` does: the ring ``STATEKEEP_KEYS`` names
+            (``<STATEKEEP_HOME>/keys.json`` unless it is ``none``), its data keys in the
+            settings' workflow database when ``store`` is the settings' context database,
+            else in ``store``'s own. A ``SQLContextStore`` brings its own ring (``store.keys``).
         session_settings: the SDK's settings (``limit`` of :meth:`get_items`).
+
+    Raises:
+        InvalidInputError: an empty or too long ``session_id`` or ``owner``, a ``store`` of
+            another kind, or ``keys`` other than the ring of the ``SQLContextStore`` given.
     """
 
     def __init__(
@@ -81,22 +86,47 @@ class StatekeepSession(SessionABC):
         store: SQLContextStore | Database | str,
         *,
         owner: str | None = None,
+        keys: KeyRing | Literal["settings"] | None = "settings",
         session_settings: SessionSettings | dict[str, Any] | None = None,
     ) -> None:
-        self.session_id = session_id
+        self.session_id = check_id(session_id, "session_id")
+        self.owner = check_optional_id(owner, "owner")
+        if not isinstance(store, SQLContextStore | Database | str):
+            kind = type(store).__name__
+            raise InvalidInputError(
+                f"must be a SQLContextStore, a Database or a URL, not {kind}", field="store"
+            )
+        if keys != "settings" and not (keys is None or isinstance(keys, KeyRing)):
+            raise InvalidInputError(f"must be a KeyRing, None or 'settings', not {keys!r}", field="keys")
         self.session_settings = (
             SessionSettings() if session_settings is None else coerce_session_settings(session_settings)
         )
-        self.owner = owner
         self._own = not isinstance(store, SQLContextStore)
-        self.store = store if isinstance(store, SQLContextStore) else SQLContextStore(store)
+        if isinstance(store, SQLContextStore):
+            if keys != "settings" and keys is not store.keys:
+                raise InvalidInputError(
+                    "pass the key ring to the SQLContextStore (keys=) instead", field="keys"
+                )
+            self.store = store
+        else:
+            db = store if isinstance(store, Database) else Database(store, setting="STATEKEEP_CONTEXT_URL")
+            try:
+                ring = _ring_of_settings(db) if keys == "settings" else keys
+                self.store = SQLContextStore(db, keys=ring)
+            except BaseException:  # a malformed setting, an unreachable server: release what was opened
+                db.dispose()
+                raise
+        self.keys: KeyRing | None = self.store.keys
+        self._claimed = False
         self.db: Database = self.store.db
-        upgrade(self.db, "agents", SCHEMA, MIGRATIONS)
+        setup(self.db)
 
     def close(self) -> None:
         """Release the connections (only those of a store this session opened)."""
         if self._own:
             self.db.dispose()
+            if self.keys is not None and self.keys.db is not self.db:
+                self.keys.db.dispose()
 
     # --- the Session protocol -----------------------------------------------------------------
 
@@ -105,8 +135,15 @@ class StatekeepSession(SessionABC):
         return await asyncio.to_thread(self._get_items, resolve_session_limit(limit, self.session_settings))
 
     async def add_items(self, items: list[Any]) -> None:
-        """Append items: one context event each, in order."""
-        await asyncio.to_thread(self._add_items, list(items))
+        """Append items: one context event each, in order.
+
+        Raises:
+            InvalidInputError: ``items`` is not a list, or one of them is not a JSON object
+                (the error names it: ``items[2]``); nothing was stored.
+            SessionOwnerError: the session belongs to another owner; nothing was stored.
+        """
+        texts = _encoded(items)
+        await asyncio.to_thread(self._add_items, list(items), texts)
 
     async def pop_item(self) -> Any | None:
         """Remove and return the newest item (a marker, then the rest again), None when empty."""
@@ -141,8 +178,25 @@ class StatekeepSession(SessionABC):
                 q = sa.select(items_table.c.key, items_table.c.item).where(
                     items_table.c.session_id == self.session_id, items_table.c.key.in_(chunk)
                 )
-                out.update({k: json.loads(v) for k, v in conn.execute(q)})
+                out.update({k: self._open(v) for k, v in conn.execute(q)})
         return out
+
+    def _open(self, text: str) -> Any:
+        if is_sealed(text):
+            if self.keys is None:
+                reason = "the item is sealed: open the session with the key ring that sealed it (keys=)"
+                raise SealedDataError(key_id_of(text) or "-", reason)
+            text = self.keys.open(text)
+        return json.loads(text)
+
+    def _holder(self) -> str | None:
+        """The owner whose data key seals this session's items (None: plain text)."""
+        if self.owner is not None and not self._claimed:  # refuse another owner's session first
+            self.store.claim(self.session_id, self.owner)
+            self._claimed = True
+        if self.keys is None:
+            return None
+        return self.owner if self.owner is not None else self.store.owner_of(self.session_id)
 
     def _get_items(self, limit: int | None) -> list[Any]:
         found = [item for _, item in self._current()]
@@ -150,12 +204,16 @@ class StatekeepSession(SessionABC):
             return found
         return found[-limit:] if limit > 0 else []
 
-    def _add_items(self, items: list[Any]) -> None:
+    def _add_items(self, items: list[Any], texts: list[str]) -> None:
         if not items:
             return
+        holder = self._holder()
+        if holder is not None:
+            assert self.keys is not None
+            texts = [self.keys.seal(holder, text) for text in texts]
         rows = [
-            {"session_id": self.session_id, "key": f"{_KEY}{uuid.uuid4().hex}", "item": json.dumps(item)}
-            for item in items
+            {"session_id": self.session_id, "key": f"{_KEY}{uuid.uuid4().hex}", "item": text}
+            for text in texts
         ]
         # the exact items first: a crash before the events leaves rows no event names (ignored)
         with self.db.begin("storing agent session items") as conn:
@@ -169,7 +227,8 @@ class StatekeepSession(SessionABC):
             return None
         popped = found[-1][1]
         self._mark(REWOUND)
-        self._add_items([item for _, item in found[:-1]])
+        rest = [item for _, item in found[:-1]]
+        self._add_items(rest, _encoded(rest))
         return popped
 
     def _clear(self) -> None:
@@ -178,6 +237,38 @@ class StatekeepSession(SessionABC):
 
     def _mark(self, reason: str) -> None:
         self.store.mark(self.session_id, reason, text=_TEXT[reason], owner=self.owner)
+
+
+def _ring_of_settings(db: Database) -> KeyRing | None:
+    """The key ring ``STATEKEEP_KEYS`` names, opened as ``Runtime.open`` opens it.
+
+    Its data keys live in the settings' workflow database when ``db`` is the settings'
+    context database (so the runtime's erasure shreds them), else in ``db``.
+    """
+    from statekeep.config import Settings
+    from statekeep.db.engine import normalize_url
+    from statekeep.keys import open_key_ring
+
+    settings = Settings.load()
+    url = {
+        s: normalize_url(settings.url_for(s), setting="STATEKEEP_DATABASE_URL")
+        for s in ("context", "workflow")
+    }
+    runtimes = url["context"] == db.url and url["workflow"] != db.url
+    return open_key_ring(settings, None if runtimes else db)
+
+
+def _encoded(items: object) -> list[str]:
+    """The JSON text of each item: a list of JSON objects is required."""
+    if not isinstance(items, list | tuple):
+        raise InvalidInputError(f"must be a list of SDK items, not {type(items).__name__}", field="items")
+    texts = []
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            kind = type(item).__name__
+            raise InvalidInputError(f"must be an SDK item (a dict), not {kind}", field=f"items[{i}]")
+        texts.append(json.dumps(check_json_object(item, f"items[{i}]")))
+    return texts
 
 
 # --- items and messages -------------------------------------------------------------------------
