@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from statekeep.errors import InvalidInputError
 from statekeep.memory import Memory, MemoryInput, Provenance, SearchResult
 from statekeep.memory._ranking import LENGTH_PIVOT, Fusion, fuse_scores, length_penalty
 
@@ -40,6 +41,26 @@ def test_the_penalty_is_one_up_to_the_pivot_then_grows_with_the_log_of_the_lengt
     penalties = [length_penalty(n, LENGTH_PIVOT, 1.0) for n in lengths]
     assert penalties == sorted(penalties)
     assert len(set(penalties)) == len(lengths)
+
+
+@pytest.mark.parametrize(
+    ("knob", "value"),
+    [
+        ("length_pivot", 0),  # would divide by zero at the first long memory
+        ("length_weight", -1.0),
+        ("length_weight", math.inf),
+        ("pool", 0),
+        ("context_span", -1),
+        ("vector_weight", 1.5),
+        ("context_weight", math.nan),
+        ("pool", "30"),
+    ],
+)
+def test_a_fusion_knob_out_of_range_is_refused_when_the_fusion_is_made(knob: str, value: object) -> None:
+    with pytest.raises(InvalidInputError) as refused:
+        Fusion(**{knob: value})  # type: ignore[arg-type]
+    assert refused.value.field == knob
+    assert Fusion(length_weight=0).length_weight == 0.0  # what the docs suggest stays allowed
 
 
 def test_a_long_memory_first_in_both_rankings_yields_to_a_short_one_close_behind() -> None:

@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from statekeep._check import MAX_INT, check_int, check_number
 from statekeep.memory._types import Memory, SearchResult
 
 #: The constant of reciprocal-rank fusion: score = sum(1 / (RRF_K + rank)).
@@ -42,6 +43,9 @@ CONTEXT_SPAN = 1
 LENGTH_PIVOT = 600
 #: How much: a fused score is divided by ``1 + LENGTH_WEIGHT * ln(length / LENGTH_PIVOT)``.
 LENGTH_WEIGHT = 1.0
+#: Bounds of :class:`Fusion`'s knobs: candidates (and neighbours) per search, and a weight.
+MAX_POOL = 10_000
+MAX_WEIGHT = 100.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,15 @@ class Fusion:
     context_span: int = CONTEXT_SPAN
     length_pivot: int = LENGTH_PIVOT
     length_weight: float = LENGTH_WEIGHT
+
+    def __post_init__(self) -> None:
+        """Raises InvalidInputError for a knob out of range (a pivot of 0 would divide by zero at search)."""
+        ints = {"pool": (1, MAX_POOL), "context_span": (0, MAX_POOL), "length_pivot": (1, MAX_INT)}
+        for name, (low, high) in ints.items():
+            object.__setattr__(self, name, check_int(getattr(self, name), name, minimum=low, maximum=high))
+        weights = {"vector_weight": 1.0, "context_weight": MAX_WEIGHT, "length_weight": MAX_WEIGHT}
+        for name, most in weights.items():
+            object.__setattr__(self, name, check_number(getattr(self, name), name, maximum=most))
 
 
 def rank_key(hit: SearchResult) -> tuple[float, str, int]:
