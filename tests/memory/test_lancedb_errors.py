@@ -99,8 +99,15 @@ def test_a_table_that_cannot_be_opened_raises_storage_error_and_frees_the_folder
     lock.release()
 
 
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (OSError(5, "Input/output error"), "[Errno 5] Input/output error"),
+        (ValueError("Invalid: the version's file is gone"), "Invalid: the version's file is gone"),  # Arrow's
+    ],
+)
 def test_a_read_only_store_whose_reads_keep_failing_tries_again_then_raises_storage_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, said: str
 ) -> None:
     folder = tmp_path / "m"
     reader = read_only(folder)
@@ -109,14 +116,31 @@ def test_a_read_only_store_whose_reads_keep_failing_tries_again_then_raises_stor
 
     def failing(self: LanceDBMemoryStore, clause: str, columns: list[str] | None = None) -> Any:
         tries.append(clause)
-        raise OSError(5, "Input/output error")
+        raise error
 
     monkeypatch.setattr(LanceDBMemoryStore, "_rows", failing)
     with pytest.raises(StorageError) as raised:
         reader.list_memories("alice")
     assert len(tries) == len(RETRY_SECONDS) + 1  # every try was made before giving up
     assert_storage_error(raised, "listing memories", folder)
-    assert str(raised.value).endswith("[Errno 5] Input/output error")
+    assert str(raised.value).endswith(said)
+
+
+def test_a_read_only_store_does_not_retry_its_own_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "m"
+    reader = read_only(folder)
+    tries: list[str] = []
+
+    def refusing(self: LanceDBMemoryStore, clause: str, columns: list[str] | None = None) -> Any:
+        tries.append(clause)
+        raise InvalidInputError("is not a memory filter", field="where")
+
+    monkeypatch.setattr(LanceDBMemoryStore, "_rows", refusing)
+    with pytest.raises(InvalidInputError):
+        reader.list_memories("alice")
+    assert len(tries) == 1
 
 
 def test_a_writer_whose_disk_fails_raises_storage_error_and_stores_nothing(

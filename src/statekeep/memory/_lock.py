@@ -103,7 +103,9 @@ def one_at_a_time(what: str) -> Callable[[F], F]:
                 for pause in RETRY_SECONDS:
                     try:
                         return method(self, *args, **kwargs)
-                    except (KeyError, OSError, RuntimeError):
+                    except StatekeepError:  # bad input (a ValueError too) is not retried
+                        raise
+                    except LANCE_ERRORS:
                         time.sleep(pause)
                         self._reopen()
                 return method(self, *args, **kwargs)
