@@ -40,6 +40,7 @@ Action = Literal[
     "forget_memories",
     "read_context",
     "read_state",
+    "read_run",
     "rotate_keys",
     "reencrypt",
 ]

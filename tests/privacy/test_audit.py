@@ -87,10 +87,14 @@ def test_cli_cancel_decisions_and_memory_reads_are_audited(
     assert cli("--as", "support@example.com", "memory", "search", "bob", "note")[0] == 0
     assert cli("--as", "support@example.com", "memory", "export", "bob")[0] == 0
     assert cli("--as", "support@example.com", "memory", "list", "bob")[0] == 0
+    assert cli("--as", "support@example.com", "runs", "show", runs["first"])[0] == 0
+    assert cli("--as", "support@example.com", "runs", "events", runs["first"])[0] == 0
     code, out = cli("audit", "--json")
     assert code == 0, out
     entries = [json.loads(line) for line in out.splitlines()]
     assert [(e["action"], e["actor"], e["target"]) for e in entries] == [
+        ("read_run", "support@example.com", runs["first"]),
+        ("read_run", "support@example.com", runs["first"]),
         ("read_memories", "support@example.com", "bob"),
         ("export", "support@example.com", "bob"),
         ("read_memories", "support@example.com", "bob"),
@@ -171,7 +175,7 @@ def test_console_reads_of_memories_context_and_state_are_audited(
         ("read_context", run, *who),
         ("read_state", run, *who),
     ]
-    assert {e[0] for e in entries[4:]} == {"read_context", "read_state"}  # the run's page
+    assert {e[0] for e in entries[4:]} == {"read_run", "read_context", "read_state"}  # the run's page
     assert all(e[1:] == (run, *who) for e in entries[4:])
     dump = json.dumps([e.as_dict() for e in runtime.audit.entries()])
     assert not any(m in dump for m in bob.markers.values())

@@ -104,6 +104,7 @@ def runs_show(
     store = open_workflow(database_url, home)
     run = store.get(run_id)
     usage = run_usage(store.steps(run_id))
+    record_audit(database_url, home, "read_run", run.run_id)
     doc = _run_json(run)
     doc["usage"] = {**asdict(usage), "total": usage.total} if json_out else str(usage)
     if json_out:
@@ -125,6 +126,7 @@ def runs_events(
 
     store = open_workflow(database_url, home)
     entries = timeline(store, store.get(run_id))
+    record_audit(database_url, home, "read_run", run_id, {"timeline": len(entries)})
     if json_out:
         rows = [{"at": e.at, "kind": e.kind, "seq": e.seq, "name": e.name, "detail": e.detail,
                  "status": e.status, **e.data} for e in entries]  # fmt: skip

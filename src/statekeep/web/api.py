@@ -276,12 +276,15 @@ class Api:
             children=children,
             approvals=approvals,
         )
+        self._audit(grant, "read_run", run_id, None)  # its input, output and error
         return detail
 
     def timeline(self, grant: Grant, run_id: str) -> list[EntryOut]:
         """What the run did, in order."""
         run = self._run(grant, run_id)
-        return [EntryOut.model_validate(e.__dict__) for e in _inspect.timeline(self.store, run)]
+        entries = [EntryOut.model_validate(e.__dict__) for e in _inspect.timeline(self.store, run)]
+        self._audit(grant, "read_run", run_id, {"timeline": len(entries)})  # tool calls and their results
+        return entries
 
     def model_calls(self, grant: Grant, run_id: str) -> list[ModelCallOut]:
         """Each model call with the exact context it was sent."""
