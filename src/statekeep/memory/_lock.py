@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from statekeep._extras import requires
 from statekeep.db.engine import storage_error
@@ -57,7 +57,9 @@ class _Store(Protocol):
     def _reopen(self) -> None: ...
 
 
-F = TypeVar("F", bound=Callable[..., Any])
+S = TypeVar("S", bound=_Store)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: How long a read-only store waits before each new try of a read that met the writer's rewrite.
 RETRY_SECONDS = (0.01, 0.05, 0.2, 0.5)
@@ -79,7 +81,9 @@ def lance_errors(what: str, folder: Path) -> Iterator[None]:
         raise storage_error(exc, f"{what} in the LanceDB memory at {folder}") from exc
 
 
-def one_at_a_time(what: str) -> Callable[[F], F]:
+def one_at_a_time(
+    what: str,
+) -> Callable[[Callable[Concatenate[S, P], R]], Callable[Concatenate[S, P], R]]:
     """Run a store's method, which does ``what``, holding its lock (the one a write's look-then-store
     holds, see ``MemoryStore._writing``): erasing and optimizing delete files
     (old versions, and files no version refers to yet), which a write or a read in another thread
@@ -94,9 +98,9 @@ def one_at_a_time(what: str) -> Callable[[F], F]:
     :class:`~statekeep.errors.StorageError` saying ``what`` failed (:func:`lance_errors`).
     """
 
-    def decorate(method: F) -> F:
+    def decorate(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
         @functools.wraps(method)
-        def locked(self: _Store, *args: Any, **kwargs: Any) -> Any:
+        def locked(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
             with self._write_lock, lance_errors(what, self.path):
                 if not self.read_only:
                     return method(self, *args, **kwargs)
@@ -110,6 +114,6 @@ def one_at_a_time(what: str) -> Callable[[F], F]:
                         self._reopen()
                 return method(self, *args, **kwargs)
 
-        return locked  # type: ignore[return-value]
+        return locked
 
     return decorate
