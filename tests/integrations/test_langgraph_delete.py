@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import operator
 import threading
+import time
 from collections.abc import Callable
 from typing import Annotated, Any, TypedDict
 
@@ -245,6 +246,12 @@ def test_a_graph_still_running_when_its_thread_is_deleted_ends_without_storing(d
     out: list[Any] = []
     run = _in_thread(lambda: out.append(graph.invoke({"messages": ["question"]}, config)))
     assert inside.wait(10)
+    # LangGraph saves checkpoints in the background: the node may start before the thread's first
+    # checkpoint is stored, and a thread that stored nothing is a new conversation after a delete
+    deadline = time.monotonic() + 10
+    while saver.get_tuple(config) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert saver.get_tuple(config) is not None
     saver.delete_thread(THREAD)
     release.set()
     run.join(20)
