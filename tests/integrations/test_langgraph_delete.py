@@ -91,6 +91,22 @@ def test_late_writes_after_delete_thread_do_not_resurrect_it(database_url: str) 
     saver.close()
 
 
+def test_a_first_checkpoint_made_before_the_delete_and_saved_after_it_is_refused(database_url: str) -> None:
+    """A graph whose first checkpoint was still being saved (LangGraph saves in the background) when
+    its thread was deleted: that checkpoint has no parent, but was made before the delete, so it is
+    not taken for a new conversation; one made after the delete is."""
+    saver = StatekeepSaver(database_url)
+    in_flight = _checkpoint(saver, "secret in flight")  # made (its id) before the delete
+    saver.delete_thread(THREAD)  # nothing of the thread is stored yet
+    returned = _put(saver, _fresh(), in_flight)
+    saver.put_writes(returned, [("messages", "pending secret")], "task-1")
+    assert _rows(saver) == {"checkpoints": 0, "blobs": 0, "writes": 0}
+    fresh = _checkpoint(saver, "a new conversation")
+    _put(saver, _fresh(), fresh)
+    assert _stored_text(saver) == ["['a new conversation']"]
+    saver.close()
+
+
 def test_async_late_writes_are_ignored_too(database_url: str) -> None:
     saver = StatekeepSaver(database_url)
     first = _checkpoint(saver, "secret")

@@ -3,12 +3,13 @@
 A stale worker (a graph still running, a task that wakes late) holds a config naming a
 checkpoint of a thread that was deleted since. Its writes must not bring the thread back:
 
-* a checkpoint is stored unless the thread was deleted, it names a parent, and that
-  parent is gone: it continues a deleted history. A checkpoint without a parent starts a
-  new conversation and is stored;
+* a checkpoint is not stored when its id is not past the thread's *horizon* (the
+  greater of the greatest checkpoint id the thread had and the id of the delete's
+  moment): it was made before the delete. Nor when the thread was deleted, it names a
+  parent, and that parent is gone: it continues a deleted history. A checkpoint without
+  a parent made after the delete starts a new conversation and is stored;
 * writes are stored unless the thread was deleted, their checkpoint is missing, and its
-  id is not past the thread's *horizon* (the greatest checkpoint id the thread had when
-  it was deleted) or is one of the late checkpoints refused since. LangGraph saves a
+  id is not past the horizon or is one of the late checkpoints refused since. LangGraph saves a
   task's writes and their checkpoint in parallel, so writes may come first; a new
   conversation's checkpoint ids are newer than the horizon (LangGraph's ids grow with
   time), so its writes are never taken for late ones. A refused checkpoint is kept by
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
+from langgraph.checkpoint.base.id import uuid6
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
@@ -68,10 +70,14 @@ def _exists(p: dict[str, BindParameter[Any]], checkpoint_id: BindParameter[Any])
 
 
 def checkpoint_guard(p: dict[str, BindParameter[Any]]) -> ColumnElement[bool]:
-    """A checkpoint may be stored: it has no parent, or its thread was not deleted, or its parent is there."""
+    """A checkpoint may be stored: it was not made before its thread's delete, and it has no parent,
+    or its thread was not deleted, or its parent is there."""
     parent = p["parent_checkpoint_id"]
     deleted = sa.exists().where(deleted_threads.c.thread_key == p[KEY])
-    return sa.or_(parent.is_(None), ~deleted, _exists(p, parent))
+    made_before = sa.exists().where(
+        deleted_threads.c.thread_key == p[KEY], deleted_threads.c.horizon >= p["checkpoint_id"]
+    )
+    return sa.and_(~made_before, sa.or_(parent.is_(None), ~deleted, _exists(p, parent)))
 
 
 def writes_guard(p: dict[str, BindParameter[Any]]) -> ColumnElement[bool]:
@@ -87,19 +93,23 @@ def writes_guard(p: dict[str, BindParameter[Any]]) -> ColumnElement[bool]:
     return sa.or_(sa.and_(~late, ~refused), _exists(p, p["checkpoint_id"]))
 
 
-def horizon(conn: Connection, thread_id: str) -> str | None:
-    """The greatest checkpoint id the thread has (checkpoints, and writes that came before theirs)."""
+def horizon(conn: Connection, thread_id: str) -> str:
+    """The id a checkpoint made now would get, or the thread's greatest if greater (checkpoints, and
+    writes that came before theirs): every checkpoint made before the delete is at most this.
+
+    LangGraph's checkpoint ids are UUIDv6, which sort by the time they were made: a stale graph's
+    first checkpoint, still being saved when the delete came, is refused by it, while a new
+    conversation's ids are greater.
+    """
     found = [
         conn.execute(sa.select(sa.func.max(t.c.checkpoint_id)).where(t.c.thread_id == thread_id)).scalar()
         for t in (checkpoints, writes)
     ]
-    return max((str(f) for f in found if f is not None), default=None)
+    return max([str(uuid6()), *(str(f) for f in found if f is not None)])
 
 
-def record(conn: Connection, insert: Callable[[sa.Table], Any], thread_id: str, upto: str | None) -> None:
+def record(conn: Connection, insert: Callable[[sa.Table], Any], thread_id: str, upto: str) -> None:
     """Mark the thread deleted up to the checkpoint id ``upto`` (a horizon never goes down)."""
-    if upto is None:  # nothing was stored: nothing to come back
-        return
     upsert = insert(deleted_threads).values(thread_key=thread_key(thread_id), horizon=upto)
     higher = sa.case(
         (upsert.excluded.horizon > deleted_threads.c.horizon, upsert.excluded.horizon),

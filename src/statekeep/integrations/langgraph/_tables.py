@@ -10,9 +10,9 @@ same channel, and how many (``added``). Deltas keep an append-only ``messages``
 channel linear in the number of steps; reads join the chain back together.
 
 A deleted thread leaves one row in ``deleted_threads``: the SHA-256 of its id (not the
-id) and its *horizon*, the greatest checkpoint id it had; each late checkpoint refused
-since leaves a row in ``refused_checkpoints``. Late writes of a stale worker are checked
-against both (see ``_deleted``).
+id) and its *horizon*, the greatest checkpoint id it had or the delete's moment's; each
+late checkpoint refused since leaves a row in ``refused_checkpoints``. Late writes of a
+stale worker are checked against both (see ``_deleted``).
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ deleted_threads = sa.Table(
     metadata,
     # SHA-256 (hex) of the thread id: the erased thread's id is not kept in the clear
     sa.Column("thread_key", sa.String(64), primary_key=True),
-    # the greatest checkpoint id the thread had: writes to a missing checkpoint up to it are late
+    # the greatest checkpoint id the thread had, or the delete's moment's: a checkpoint up to it,
+    # and writes to a missing checkpoint up to it, are late
     sa.Column("horizon", sa.String(64), nullable=False),
 )
 

@@ -334,8 +334,9 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         running) is ignored, not refused with an error: it stores nothing, and its graph
         runs on without disturbing a new conversation on the same thread id. A ``put``
         without a parent checkpoint (a config without ``checkpoint_id``) starts that new
-        conversation. What is kept is the SHA-256 of the thread id and the greatest
-        checkpoint id it had, which late writes are checked against.
+        conversation. What is kept is the SHA-256 of the thread id and the greater of the
+        greatest checkpoint id it had and the id of this moment, which late writes are
+        checked against.
         """
         with self._writing("deleting a LangGraph thread") as conn:
             self._deleting(conn)
