@@ -3,14 +3,14 @@
 A backend implements the primitives of :class:`~statekeep.memory._backend.MemoryBackend`
 (``_insert``, ``_same``, ``_nearest``, ``_text``, ``_get``, ``_list``,
 ``_mark_superseded``, ``_erase``, ``_purge``, ``_stale``, ``_set_vectors``);
-validation, embedding, deduplication (:mod:`._dedupe`), fusion and ranking
-(:mod:`._ranking`), export and re-embedding live here, once.
+validation, embedding and deduplication (:mod:`._dedupe`) live here, once; reading
+(search, fusion and ranking, export) in :mod:`._reading` and :mod:`._ranking`, erasing and
+re-embedding in :mod:`._upkeep`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -21,28 +21,24 @@ from typing import Any, ClassVar
 import numpy as np
 
 from statekeep import _check, tracing
-from statekeep.errors import ConflictError, InvalidInputError, MemoryNotFoundError
+from statekeep.errors import ConflictError, InvalidInputError
 from statekeep.memory import _dedupe, _types
 from statekeep.memory._dedupe import DEFAULT_DUPLICATE_THRESHOLD, UNSET, merged, policy
-from statekeep.memory._ranking import RRF_K, Fusion, fuse, fuse_scores, rank_key, top_k
+from statekeep.memory._ranking import RRF_K, Fusion, fuse, rank_key, top_k
+from statekeep.memory._reading import Reading
 from statekeep.memory._types import (
-    SEARCH_MODES,
     Dedupe,
     DedupeMode,
     Memory,
     MemoryInput,
     MemoryKind,
     Provenance,
-    SearchMode,
-    SearchResult,
-    SourceKind,
 )
 from statekeep.memory._upkeep import Upkeep
 from statekeep.memory.embedders import (
     Embedder,
     SentenceTransformerEmbedder,
     Vectors,
-    check_query_vector,
     check_vectors,
     is_embedder,
 )
@@ -64,7 +60,7 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-class MemoryStore(Upkeep):
+class MemoryStore(Reading, Upkeep):
     """Long-term memories of owners, searchable by meaning, provably erasable.
 
     Every call names its owner, and no call reads, changes or deletes another
@@ -373,119 +369,6 @@ class MemoryStore(Upkeep):
             return [None] * len(vectors)
         stored = self._nearest_each(owner, vectors, self.now())
         return _dedupe.similar_links(vectors, ids, stored, self.duplicate_threshold)
-
-    # --- reading -------------------------------------------------------------------------
-
-    def search(
-        self,
-        owner: str,
-        query: str,
-        *,
-        k: int = 5,
-        mode: SearchMode = "hybrid",
-        kinds: Iterable[MemoryKind] | MemoryKind | None = None,
-        tags: Iterable[str] | str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        sources: Iterable[SourceKind] | SourceKind | None = None,
-        min_trust: float | None = None,
-        vector: Sequence[float] | None = None,
-        include_merged: bool = False,
-        sessions: Iterable[str] | str | None = None,
-    ) -> list[SearchResult]:
-        """The owner's ``k`` current memories most relevant to ``query``, best first.
-
-        ``mode="hybrid"`` (the default, the best measured by ``bench/retrieval.py``)
-        fuses the vector ranking with the full-text ranking by their normalised
-        scores, lets neighbouring memories of a session lend each other context
-        and scores long memories down by their length (see
-        :mod:`statekeep.memory._ranking`); ``"vector"`` ranks by meaning alone
-        (score = cosine), ``"text"`` by full-text relevance alone. Superseded
-        and expired memories, and memories embedded by another model, are never
-        returned; memories merged into another (``dedupe="similar"``) only with
-        ``include_merged=True``. ``sessions`` keeps the memories of those sessions
-        (``provenance.session_id``); the other filters are on kind, tags, creation
-        time, source and trust. Pass ``vector`` to reuse a query embedding already computed with this store's
-        embedder. Ties in score are broken by content, then write order, so the
-        same data and query give the same results on every run.
-
-        Examples:
-            >>> from statekeep.memory import FakeEmbedder, InMemoryMemoryStore
-            >>> store = InMemoryMemoryStore(FakeEmbedder())
-            >>> _ = store.remember("alice", "Alice drinks green tea", provenance=Provenance("user_supplied"))
-            >>> _ = store.remember("alice", "Alice may like coffee")  # agent_inferred: trust 0.4
-            >>> hits = store.search("alice", "what does Alice drink?", k=3, kinds="semantic", min_trust=0.5)
-            >>> [h.memory.content for h in hits]
-            ['Alice drinks green tea']
-
-        Raises:
-            InvalidInputError: an argument is invalid.
-        """
-        owner = _check.check_id(owner, "owner")
-        query = _check.check_text(query, "query", limit=_types.MAX_CONTENT)
-        k = _check.check_int(k, "k", minimum=1, maximum=_types.MAX_K)
-        if mode not in SEARCH_MODES:
-            raise InvalidInputError(f"must be one of {list(SEARCH_MODES)}", field="mode")
-        filters = _types.check_filters(
-            kinds, tags, since, until, sources, min_trust, include_merged, sessions
-        )
-        attributes = {
-            "statekeep.memory.backend": self.backend,
-            "statekeep.memory.k": k,
-            "statekeep.memory.mode": mode,
-        }
-        with tracing.span("memory.search", attributes) as span:
-            now = self.now()
-            if mode == "text":
-                hits = self._text(owner, query, k, filters, now)
-            elif mode == "vector":
-                hits = self._nearest(owner, self._query_vector(query, vector), k, filters, now)
-            else:
-                vec = self._query_vector(query, vector)
-                pool = max(k, self.fusion.pool)
-                hits = fuse_scores(*self._hybrid(owner, vec, query, pool, filters, now), k, self.fusion)
-            span.set_attribute("statekeep.memory.results", len(hits))
-            return hits
-
-    def _query_vector(self, query: str, vector: Sequence[float] | None) -> Vectors:
-        if vector is None:
-            vec: Vectors = self._embed([query])[0]
-            return vec
-        return check_query_vector(self.embedder, vector)
-
-    def get(self, owner: str, memory_id: str) -> Memory:
-        """One of the owner's memories, current or not (expired ones are gone).
-
-        Raises:
-            MemoryNotFoundError: the owner has no such memory (another owner's id is not found either).
-        """
-        owner, memory_id = _check.check_id(owner, "owner"), _check.check_id(memory_id, "memory_id")
-        memory = self._get(owner, memory_id, self.now())
-        if memory is None:
-            raise MemoryNotFoundError(owner, memory_id)
-        return memory
-
-    def list_memories(self, owner: str) -> list[Memory]:
-        """Every unexpired memory of the owner, oldest first, superseded and merged ones included."""
-        return sorted(
-            self._list(_check.check_id(owner, "owner"), self.now()), key=lambda m: (m.created_at, m.seq)
-        )
-
-    def export(self, owner: str) -> str:
-        """All of the owner's memories as a JSON document (for a data-subject request or a backup).
-
-        Superseded and merged memories are included (``superseded_by``, ``duplicate_of``);
-        ``merged`` counts the memories merged into another.
-        """
-        memories = self.list_memories(owner)
-        doc = {
-            "owner": owner,
-            "exported_at": self.now().isoformat(),
-            "count": len(memories),
-            "merged": sum(m.duplicate_of is not None for m in memories),
-            "memories": [m.as_dict() for m in memories],
-        }
-        return json.dumps(doc, ensure_ascii=False, indent=2)
 
     def close(self) -> None:
         """Release what the store holds (connections, locks)."""
