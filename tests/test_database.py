@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,3 +87,35 @@ def test_inside_the_window_a_dropped_connection_fails_once_then_heals(
         assert store.latest_version("run") == 0
     finally:
         db.dispose()
+
+
+def test_connections_opening_a_new_sqlite_file_together_all_get_in(tmp_path: Path) -> None:
+    """Eight threads open one new file at once, 150 times: none is told ``database is locked``.
+
+    Switching a new file to WAL needs it to itself, and SQLite refuses a second
+    switcher at once instead of waiting (as workers starting together on a new
+    database do); the connect hook waits its turn. Before it did, about one
+    connection in a hundred failed here.
+    """
+    failures: list[BaseException] = []
+    for trial in range(150):
+        url = f"sqlite:///{tmp_path}/new-{trial}.db"
+        start = threading.Barrier(8)
+
+        def open_and_read(url: str = url, start: threading.Barrier = start) -> None:
+            db = Database(url)
+            start.wait()
+            try:
+                with db.read() as conn:
+                    assert conn.execute(sa.text("PRAGMA journal_mode")).scalar_one() == "wal"
+            except BaseException as exc:  # collected and reported below
+                failures.append(exc)
+            finally:
+                db.dispose()
+
+        threads = [threading.Thread(target=open_and_read) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert failures == []

@@ -6,6 +6,7 @@ Shared code never checks ``dialect.name``; it calls a named hook on the
 
 from __future__ import annotations
 
+import sqlite3
 import time
 import zlib
 from collections.abc import Sequence
@@ -75,6 +76,30 @@ class Dialect:
         return query
 
 
+def _enter_wal(cur: Any) -> None:
+    """Put the database in WAL mode, waiting out other connections doing the same.
+
+    The switch needs the file to itself, and SQLite reports ``database is locked``
+    at once (without its busy handler) when another process holds it, as when
+    several workers open a new database together; the mode is persistent, so a
+    connection to a database already in WAL only reads it.
+    """
+    deadline = time.monotonic() + 60
+    delay = 0.005
+    while True:
+        try:
+            row = cur.execute("PRAGMA journal_mode").fetchone()
+            if row is not None and str(row[0]).lower() == "wal":
+                return
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
+
+
 class SQLiteDialect(Dialect):
     """SQLite: WAL, full fsync, ``secure_delete``, and ``BEGIN IMMEDIATE`` for write transactions.
 
@@ -93,9 +118,9 @@ class SQLiteDialect(Dialect):
         def _connect(dbapi_conn: Any, _record: Any) -> None:
             dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=FULL")
             cur.execute("PRAGMA busy_timeout=60000")
+            _enter_wal(cur)
+            cur.execute("PRAGMA synchronous=FULL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA secure_delete=ON")
             cur.close()
