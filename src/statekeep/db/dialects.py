@@ -88,12 +88,13 @@ def _enter_wal(cur: Any) -> None:
     delay = 0.005
     while True:
         try:
-            row = cur.execute("PRAGMA journal_mode").fetchone()
+            cur.execute("PRAGMA journal_mode")  # the cursor of sqlite3 or of SQLAlchemy's aiosqlite adapter
+            row = cur.fetchone()
             if row is not None and str(row[0]).lower() == "wal":
                 return
             cur.execute("PRAGMA journal_mode=WAL")
             return
-        except sqlite3.OperationalError as exc:
+        except sqlite3.OperationalError as exc:  # the aiosqlite adapter raises sqlite3's errors too
             if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline:
                 raise
         time.sleep(delay)
