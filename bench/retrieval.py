@@ -20,7 +20,10 @@ reported (bench/_datasets.py says how and where the data come from).
 
 Latency: one owner holding 10,000 turns (LongMemEval's), 200 questions; the p50 of
 ``search(..., k=10)`` with the query's vector given (the store's own time), and with
-the query embedded too (what a caller waits for). Baselines come from the same run.
+the query embedded too (what a caller waits for). Hybrid search is timed right after
+the load, then each mode after ``optimize()`` (what a deployment runs after bulk loads,
+and PostgreSQL's autovacuum does on its own some time later). Baselines come from the
+same run.
 """
 
 from __future__ import annotations
@@ -93,18 +96,26 @@ def content(turn: data.Turn) -> str:
 
 
 def ingest(
-    store: MemoryStore, clock: Clock, turns: list[data.Turn], owner: str | None = None
+    store: MemoryStore,
+    clock: Clock,
+    turns: list[data.Turn],
+    owner: str | None = None,
+    *,
+    optimize: bool = True,
 ) -> dict[str, str]:
-    """Remember turns session by session, each at its session's date; return turn id -> memory id."""
+    """Remember turns session by session, each at its session's date; return turn id -> memory id.
+
+    ``optimize``: call ``store.optimize()`` every 200 sessions and at the end, as LanceDB's
+    and PostgreSQL's documentation ask of bulk loads (LanceDB compacts the many small
+    writes; PostgreSQL vacuums and analyzes).
+    """
     sessions: dict[str, list[data.Turn]] = defaultdict(list)
     for t in turns:
         sessions[t.session].append(t)
     stands_for: dict[str, str] = {}
-    # LanceDB: compact the many small writes from time to time, as its docs ask of bulk loads
-    optimize = getattr(store, "optimize", lambda: None)
     for n, (session, ts) in enumerate(sessions.items(), start=1):
-        if n % 200 == 0:
-            optimize()
+        if optimize and n % 200 == 0:
+            store.optimize()
         clock.now = ts[0].at
         items = [
             MemoryInput(
@@ -116,7 +127,8 @@ def ingest(
         ]
         for t, m in zip(ts, store.remember_many(owner or ts[0].owner, items), strict=True):
             stands_for[t.id] = m.id
-    optimize()
+    if optimize:
+        store.optimize()
     return stands_for
 
 
@@ -173,21 +185,31 @@ def evaluate(
 def latency(
     open_store: Opener, ds: data.Dataset, embedder: Any, real: Any, qvecs: dict[str, np.ndarray]
 ) -> dict[str, Any]:
-    """Search p50 (ms) at LATENCY_ROWS memories of one owner, per mode; with and without embedding."""
+    """Search p50 (ms) at LATENCY_ROWS memories of one owner, per mode; with and without embedding.
+
+    Hybrid search is measured first right after the load (``hybrid_fresh_p50_ms``), then
+    every mode after ``optimize()``.
+    """
     clock = Clock()
     store = open_store(embedder, clock)
     try:
         turns = [t for owner in sorted(ds.turns) for t in ds.turns[owner]][:LATENCY_ROWS]
-        ingest(store, clock, turns, owner="latency")
+        ingest(store, clock, turns, owner="latency", optimize=False)
         questions = ds.questions[:LATENCY_QUERIES]
         out: dict[str, Any] = {"rows": len(turns), "queries": len(questions)}
-        for mode in ("vector", "text", "hybrid"):
+
+        def p50(mode: Any) -> float:
             times = []
             for q in questions:
                 start = time.perf_counter()
-                store.search("latency", q.text, k=10, mode=mode, vector=qvecs[q.id])  # type: ignore[arg-type]
+                store.search("latency", q.text, k=10, mode=mode, vector=qvecs[q.id].tolist())
                 times.append(time.perf_counter() - start)
-            out[f"{mode}_p50_ms"] = round(float(np.median(times)) * 1000, 2)
+            return round(float(np.median(times)) * 1000, 2)
+
+        out["hybrid_fresh_p50_ms"] = p50("hybrid")
+        store.optimize()
+        for mode in ("vector", "text", "hybrid"):
+            out[f"{mode}_p50_ms"] = p50(mode)
         embed = []
         for q in questions[:50]:
             start = time.perf_counter()

@@ -115,7 +115,8 @@ SAID = "user: I have started making my own coffee creamer at home, with almond m
 @pytest.mark.parametrize("make_store", ["lancedb", "pgvector"], indirect=True)
 def test_the_statement_that_answers_outranks_a_long_reply_on_its_topic(make_store: StoreFactory) -> None:
     """A short user statement and a long assistant reply full of the query's words, with the real
-    embedder and each backend's full text: the reply is first without the prior, second with it."""
+    embedder and each backend's full text: the prior puts the reply after the statement (on PostgreSQL
+    the reply is first without it; LanceDB's BM25 already ranks it second)."""
     assert len(REPLY) > 3 * LENGTH_PIVOT > 3 * len(SAID)
     store = make_store()
     filler = [f"user: Day {n} of my pottery course: a coffee first, then bowl number {n}." for n in range(30)]
@@ -130,6 +131,12 @@ def test_the_statement_that_answers_outranks_a_long_reply_on_its_topic(make_stor
     store.remember_many("u", [MemoryInput(t, provenance=p) for t, p in zip(turns, sessions, strict=True)])
     query = "What do I put in my homemade coffee creamer?"
     store.fusion = Fusion(length_weight=0)
-    assert [h.memory.content for h in store.search("u", query, k=2)] == [REPLY, SAID]
+    plain = store.search("u", query, k=2)
     store.fusion = Fusion()
-    assert [h.memory.content for h in store.search("u", query, k=2)] == [SAID, REPLY]
+    prior = store.search("u", query, k=2)
+    assert [h.memory.content for h in prior] == [SAID, REPLY]
+    assert {h.memory.content for h in plain} == {SAID, REPLY}
+    # the prior divides the long reply's score and leaves the short statement's as it was
+    scores = {h.memory.content: h.score for h in plain}
+    assert prior[1].score < scores[REPLY]
+    assert prior[0].score == pytest.approx(scores[SAID])

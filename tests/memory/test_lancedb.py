@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statekeep.errors import ConfigError, MemoryLockedError
-from statekeep.memory import FakeEmbedder, SentenceTransformerEmbedder
+from statekeep.memory import FakeEmbedder, SearchMode, SentenceTransformerEmbedder
 from statekeep.memory.lancedb import LanceDBMemoryStore, decode_folder, quote
 
 
@@ -240,7 +240,7 @@ def test_a_folder_of_an_earlier_version_is_upgraded_with_identities_and_write_or
 
 
 def test_a_writers_held_rows_rank_as_lancedb_does(tmp_path: Path) -> None:
-    """A writer searching its in-process rows returns what LanceDB itself returns (a reader holds nothing)."""
+    """A writer searching its in-process rows returns what a reader, holding nothing, reads from LanceDB."""
     folder = tmp_path / "m"
     writer = LanceDBMemoryStore(folder, FakeEmbedder(), duplicate_threshold=None)
     notes = [f"note {i} about {topic}" for i in range(60) for topic in ("tea", "trains")][:90]
@@ -255,9 +255,13 @@ def test_a_writers_held_rows_rank_as_lancedb_does(tmp_path: Path) -> None:
     reader = LanceDBMemoryStore(folder, FakeEmbedder(), read_only=True)
     reader.now = writer.now  # type: ignore[method-assign]
     for q in queries:
-        held, lance = _ranked(writer, q), _ranked(reader, q)
-        assert [i for i, _ in held] == [i for i, _ in lance]
-        assert [s for _, s in held] == pytest.approx([s for _, s in lance], abs=1e-5)
+        for mode in ("hybrid", "text"):
+            held, lance = _ranked(writer, q, mode), _ranked(reader, q, mode)
+            assert [i for i, _ in held] == [i for i, _ in lance]
+            assert [s for _, s in held] == pytest.approx([s for _, s in lance], abs=1e-5)
+        narrowed = (writer.search("alice", q, mode="text", since=old.created_at) for _ in range(2))
+        read = reader.search("alice", q, mode="text", since=old.created_at)
+        assert next(narrowed) == read == next(narrowed)
     assert _ranked(writer, "the new address is Oak Street")[0][0] == new.id
     assert old.id not in {i for q in queries for i, _ in _ranked(writer, q)}
     assert any(old.id in {i for i, _ in r} for r in before.values())
@@ -266,8 +270,8 @@ def test_a_writers_held_rows_rank_as_lancedb_does(tmp_path: Path) -> None:
     writer.close()
 
 
-def _ranked(store: LanceDBMemoryStore, query: str) -> list[tuple[str, float]]:
-    return [(h.memory.id, round(h.score, 6)) for h in store.search("alice", query, k=8)]
+def _ranked(store: LanceDBMemoryStore, query: str, mode: SearchMode = "hybrid") -> list[tuple[str, float]]:
+    return [(h.memory.id, round(h.score, 6)) for h in store.search("alice", query, k=8, mode=mode)]
 
 
 def test_reembedding_leaves_each_owner_their_own_memory_when_two_share_an_id(tmp_path: Path) -> None:

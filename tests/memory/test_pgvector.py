@@ -139,6 +139,51 @@ def test_work_across_owners_refuses_a_role_that_row_level_security_confines(post
     admin.close()
 
 
+def _partition_state(url: str, owner: str) -> tuple[float, int]:
+    """The planner's row estimate and all-visible page count of the partition that holds ``owner``."""
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        for i in range(16):
+            part = f"statekeep_memory.memories_p{i}"
+            row = conn.execute(
+                "SELECT satisfies_hash_partition('statekeep_memory.memories'::regclass, 16, %s, %s::text)",
+                (i, owner),
+            ).fetchone()
+            if row and row[0]:
+                state = conn.execute(
+                    "SELECT reltuples, relallvisible FROM pg_class WHERE oid = %s::regclass", (part,)
+                ).fetchone()
+                assert state is not None
+                return float(state[0]), int(state[1])
+    raise AssertionError("hash partitions cover every owner")
+
+
+def test_optimize_vacuums_and_analyzes_as_the_owner_and_as_a_granted_role(postgres_url: str) -> None:
+    """After a bulk load the planner knows nothing of the rows and every page needs a heap visit;
+    ``optimize`` leaves statistics and a visibility map, and a role given ``grant`` may run it."""
+    store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
+    store.remember_many("alice", [f"note {i} about the garden" for i in range(400)])
+    estimate, visible = _partition_state(postgres_url, "alice")
+    assert estimate <= 0
+    assert visible == 0
+    store.optimize()
+    estimate, visible = _partition_state(postgres_url, "alice")
+    assert estimate >= 400
+    assert visible > 0
+    role = f"worker_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw' NOSUPERUSER NOBYPASSRLS")
+    store.grant(role)
+    worker = PgVectorMemoryStore(
+        make_url(postgres_url).set(username=role, password="pw").render_as_string(False), FakeEmbedder()
+    )
+    worker.remember_many("alice", [f"more about the garden {i}" for i in range(100)])
+    worker.optimize(full=True)
+    assert _partition_state(postgres_url, "alice")[0] >= 500
+    assert len(worker.list_memories("alice")) == 500
+    worker.close()
+    store.close()
+
+
 def test_a_search_is_one_round_trip_with_its_owner_and_settings_and_binary_vectors(postgres_url: str) -> None:
     """The owner setting, iterative HNSW scans and custom plans travel with the query, in one pipeline.
 

@@ -188,3 +188,35 @@ def test_every_backend_ranks_a_vector_search_alike(fresh: Opener) -> None:
     assert results["lancedb"] == results["memory"]
     assert results["pgvector"] == results["memory"]
     assert all(len(r) == 7 for r in results["memory"][::2])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_owners_results_and_scores_owe_nothing_to_other_owners_or_to_optimize(
+    backend: str, fresh: Opener, embedded: CachedEmbedder
+) -> None:
+    """The same memories of one owner give the same results, scores included, whatever the others hold.
+
+    A full-text score weighted by the whole table's word counts (LanceDB's own index)
+    moved one owner's scores with what other owners wrote, once ``optimize`` had
+    indexed it: an owner could learn how often a word occurs in other owners'
+    memories from their own scores. Here another owner writes the query's words many
+    times over, and the table is optimized.
+    """
+    items = corpus()[:200]
+    alone, crowded = fresh(backend, embedded, dedupe="none"), fresh(backend, embedded, dedupe="none")
+    others = [MemoryInput(f"Bye Joanna, good luck with the courage speech {i}!") for i in range(300)]
+    for store in (alone, crowded):
+        store.remember_many("locomo", items)
+    crowded.remember_many("other", others)
+    queries = QUERIES + [i.content for i in items[::25]]
+
+    def answers(store: MemoryStore) -> list[list[tuple[str, int, float]]]:
+        return [ranked(store, "locomo", query=q, k=K, mode=m) for q in queries for m in ("text", "hybrid")]
+
+    expected = answers(alone)
+    assert sum(len(a) for a in expected) > 10 * len(queries)
+    assert answers(crowded) == expected
+    crowded.optimize()
+    alone.optimize()
+    assert answers(crowded) == expected
+    assert answers(alone) == expected

@@ -49,7 +49,7 @@ def test_filtered_recall_at_10_of_a_one_percent_owner_is_at_least_0_95(
     started = time.perf_counter()
     load(store, owners)
     if backend == "lancedb":
-        store.optimize()  # type: ignore[attr-defined]  # files grouped by owner, text and owner indexes
+        store.optimize()  # files grouped by owner, text and owner indexes
     print(f"{backend}: loaded {ROWS} in {time.perf_counter() - started:.1f}s")
     assert recall(store, vectors, owners, "small") >= 0.95
     store.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cached_property
 from typing import Any
@@ -22,14 +22,22 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from statekeep.memory._bm25 import TextIndex
 from statekeep.memory._rows import from_row, to_us
 from statekeep.memory._types import Filters, Memory
 from statekeep.memory.embedders import Vectors
 
 #: Microseconds stored for "never expires" in the cached expiry column.
 NEVER = np.iinfo(np.int64).max
-#: A rough size of one memory held as a Python object, besides its vector.
-ROW_BYTES = 1024
+#: A rough size of one memory held as a Python object and its words indexed, besides its vector.
+ROW_BYTES = 2048
+
+
+class Words:
+    """The one text index that successive snapshots of an owner's rows share (None until searched)."""
+
+    def __init__(self) -> None:
+        self.index: TextIndex | None = None
 
 
 @dataclass(frozen=True)
@@ -53,16 +61,43 @@ class OwnerRows:
         """About how much memory this takes."""
         return int(self.matrix.nbytes) + ROW_BYTES * len(self.memories)
 
+    words: Words = field(default_factory=lambda: Words(), compare=False)
+
     def current(self, filters: Filters, now: datetime, model: str) -> npt.NDArray[np.bool_]:
-        """The mask of rows a search may return: current, unexpired, by ``model`` (merged ones if asked)."""
+        """The mask of rows a vector search may return: current, unexpired, by ``model`` (merged if asked)."""
         mask: npt.NDArray[np.bool_] = (
             ~self.superseded & (self.expires_us > (to_us(now) or 0)) & (self.models == model)
         )
         return mask if filters.include_merged else mask & ~self.merged
 
+    def searchable(self, filters: Filters, now: datetime) -> npt.NDArray[np.bool_]:
+        """The mask of rows a full-text search may return: current, unexpired, passing ``filters``."""
+        mask: npt.NDArray[np.bool_] = ~self.superseded & (self.expires_us > (to_us(now) or 0))
+        if not filters.include_merged:
+            mask &= ~self.merged
+        if narrows(filters):
+            passing = (filters.matches(m) for m in self.memories)
+            mask &= np.fromiter(passing, dtype=bool, count=len(self.memories))
+        return mask
+
+    def text_index(self) -> TextIndex:
+        """The words of these rows, indexed at the first full-text search and brought up to date since.
+
+        Later snapshots of the owner (:meth:`extended`, :meth:`superseding`) share the
+        index: they hold the same memories in the same order, and new ones after them.
+        """
+        if self.words.index is None:
+            self.words.index = TextIndex()
+        index = self.words.index
+        if len(index.lengths) < len(self.memories):
+            index.add(m.content for m in self.memories[len(index.lengths) :])
+        return index
+
     def extended(self, memories: list[Memory], vectors: Vectors) -> OwnerRows:
         """These rows and ``memories`` just written (their vectors in ``vectors``)."""
-        return held_rows(self.memories + memories, np.concatenate([self.matrix, vectors]))
+        return replace(
+            held_rows(self.memories + memories, np.concatenate([self.matrix, vectors])), words=self.words
+        )
 
     def superseding(self, memory_id: str, successor: str) -> OwnerRows:
         """These rows with ``memory_id`` pointing at ``successor``."""

@@ -99,6 +99,29 @@ class Upkeep(MemoryBackend):
         """
         return self._purge(self.now())
 
+    def optimize(self, *, full: bool = False) -> None:
+        """Bring the store's files and statistics up to date after bulk loads; search answers as before.
+
+        (Except the approximate neighbours of a PostgreSQL owner big enough to be searched
+        through the HNSW index, which may differ between any two plans of a search.)
+
+        LanceDB lays out what was written since the last run by owner and indexes it;
+        PostgreSQL vacuums and analyzes the memory table (``VACUUM (ANALYZE)``), as its
+        documentation asks after a bulk load and autovacuum does some time later; the
+        in-memory store has nothing to do.
+
+        Args:
+            full: rewrite everything, not just what changed (LanceDB: the whole table,
+                so that each owner's rows are together again; PostgreSQL: ``VACUUM FULL``,
+                which locks each partition while it is rewritten).
+        """
+        if not isinstance(full, bool):
+            raise InvalidInputError("must be True or False", field="full")
+        self._optimize(full)
+
+    def _optimize(self, full: bool) -> None:
+        """The backend's own upkeep for :meth:`optimize` (nothing, unless overridden)."""
+
     # --- re-embedding --------------------------------------------------------------------
 
     def reembed(self, *, batch_size: int = 256, progress: Progress | None = None) -> int:

@@ -30,7 +30,7 @@ import numpy as np
 from statekeep._check import check_int
 from statekeep._extras import requires
 from statekeep.errors import ConfigError, ErasureError, InvalidInputError
-from statekeep.memory import _lance_layout, _lock, base
+from statekeep.memory import _bm25, _lance_layout, _lock, base
 from statekeep.memory._exact import nearest
 from statekeep.memory._lance_files import decode_folder as decode_folder  # re-exported: erasure checks
 from statekeep.memory._lance_sql import in_list, where
@@ -319,23 +319,19 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     @_lock.one_at_a_time("searching memories")
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
-        clause = where(owner, filters, now)
-        # the owner's memories held in process: the index returns ids and scores, the rest is here
-        held = None if narrows(filters) else self._held(owner)
+        """BM25 with the statistics of the memories searched (see :mod:`._bm25`), not the whole index's.
 
-        def search() -> Any:
-            fts = self._table.search(query, query_type="fts", fts_columns="content")
-            return fts.where(clause, prefilter=True)
-
-        def fetch(n: int) -> list[SearchResult]:
-            if held is not None:
-                ranked = search().select(["id", "_score"]).limit(n).to_arrow()
-                ids, scores = ranked.column("id").to_pylist(), ranked.column("_score").to_pylist()
-                if all(i in held.by_id for i in ids):
-                    return [SearchResult(held.by_id[i], float(s)) for i, s in zip(ids, scores, strict=True)]
-            return [SearchResult(from_row(r), float(r["_score"])) for r in search().limit(n).to_list()]
-
-        return base.top_k(fetch, k)
+        The owner's memories held in process keep their words indexed; otherwise (a
+        read-only store, an owner too big to hold) the memories the search may return
+        are read and their words counted for this search alone.
+        """
+        held = self._held(owner)
+        if held is not None:
+            searchable = held.searchable(filters, now)
+            return _bm25.ranked(held.text_index(), held.memories, query, searchable, k)
+        memories = [from_row(r) for r in self._rows(where(owner, filters, now), list(COLUMNS))]
+        everything = np.ones(len(memories), dtype=bool)
+        return _bm25.ranked(_bm25.TextIndex(m.content for m in memories), memories, query, everything, k)
 
     def _rows(self, clause: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
         q = self._table.search().where(clause)

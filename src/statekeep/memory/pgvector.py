@@ -441,6 +441,20 @@ class PgVectorMemoryStore(base.MemoryStore):
             reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
             raise ErasureError(owner, "VACUUM FULL", reason) from exc
 
+    def _optimize(self, full: bool) -> None:
+        """``VACUUM (ANALYZE)``: planner statistics and a visibility map for what was just written.
+
+        Until autovacuum visits a freshly loaded table, the planner guesses its sizes and
+        counting an owner's memories (which every full-text search does) reads the heap.
+        """
+        command = f"VACUUM ({'FULL, ' if full else ''}ANALYZE) {q.TABLE}"
+        try:
+            with self.db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.exec_driver_sql(command)
+        except sa.exc.SQLAlchemyError as exc:
+            raise storage_error(exc, f"optimizing the memories ({command})") from exc
+        self._big.clear()
+
     def _sees_every_owner(self, conn: Connection, what: str) -> None:
         """Refuse to work across owners as a role that row-level security confines.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
@@ -20,6 +20,7 @@ from statekeep.memory import (
     MemoryInput,
     MemoryStore,
     Provenance,
+    SearchMode,
     render_memories,
 )
 from statekeep.testing._memory_dedupe import DedupeSuite
@@ -182,6 +183,27 @@ class MemoryStoreSuite(DedupeSuite, ExactSuite):
         assert results[0].score > results[1].score
         assert store.search("nobody", "zebracactus7781", mode="hybrid") == []
 
+    def test_optimize_changes_no_result(self, store: MemoryStore) -> None:
+        """After ``optimize()`` and ``optimize(full=True)`` every search, list and get answers as before."""
+        kept = store.remember_many("alice", [*FACTS, "The office wifi password is zebracactus7781."])
+        store.remember_many("bob", FACTS[:2])
+        store.forget_one("alice", kept[0].id)
+        queries = ["Alice dog Rex border collie", "zebracactus7781", "what does she eat"]
+
+        def answers() -> list[object]:
+            found: list[object] = [store.list_memories("alice"), store.list_memories("bob")]
+            found += [store.get("alice", m.id) for m in kept[1:]]
+            for mode in get_args(SearchMode):
+                found += [store.search("alice", query, k=4, mode=mode) for query in queries]
+            return found
+
+        before = answers()
+        store.optimize()
+        assert answers() == before
+        store.optimize(full=True)
+        assert answers() == before
+        assert store.search("alice", "zebracactus7781", k=1)[0].memory == kept[-1]
+
     # --- owners --------------------------------------------------------------------------
 
     def test_invariant_8_no_call_reads_changes_or_deletes_another_owners_memory(
@@ -341,6 +363,7 @@ class MemoryStoreSuite(DedupeSuite, ExactSuite):
             (lambda s: s.search("o", "x", sessions=[""]), "sessions"),
             (lambda s: s.search("o", "x", sessions=7), "sessions"),
             (lambda s: s.reembed(batch_size=0), "batch_size"),
+            (lambda s: s.optimize(full=1), "full"),
         ],
     )
     def test_bad_input_raises_a_statekeep_error_naming_the_field_and_writes_nothing(

@@ -1,0 +1,136 @@
+"""BM25 over one owner's memories, with that owner's statistics only (LanceDB's full-text ranking).
+
+LanceDB's own full-text index ranks with the statistics of the whole index: every
+owner's memories count in a word's document frequency, so one owner's scores
+(and order) moved with what other owners wrote, and with whether ``optimize`` had
+indexed it yet. Here a word's weight comes from the memories the search may
+return (the owner's current memories, narrowed by the search's filters), so the
+same memories and query rank the same, whatever else the table holds.
+
+Words: NFKD-folded, case-folded runs of letters and digits of at most
+:data:`MAX_WORD` characters, the Snowball English stop words
+dropped, stemmed by the Snowball English stemmer (as LanceDB's ``FTS()`` does).
+Scores: BM25 with ``k1`` = :data:`K1` and ``b`` = :data:`B`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+
+import numpy as np
+import numpy.typing as npt
+
+from statekeep.memory._ranking import rank_key
+from statekeep.memory._types import Memory, SearchResult
+
+K1, B = 1.2, 0.75
+#: Longer runs of letters (a pasted key, a base64 blob) are not words.
+MAX_WORD = 40
+#: The Snowball English stop words (LanceDB's full-text index drops the same), contractions split.
+STOP_WORDS = frozenset(
+    """
+    i me my myself we our ours ourselves you your yours yourself yourselves he him his himself she her
+    hers herself it its itself they them their theirs themselves what which who whom this that these
+    those am is are was were be been being have has had having do does did doing would should could
+    ought a an the and but if or because as until while of at by for with about against between into
+    through during before after above below to from up down in out on off over under again further then
+    once here there when where why how all any both each few more most other some such no nor not only
+    own same so than too very s t can will just don ll m re ve d isn aren wasn weren hasn haven hadn
+    doesn didn won wouldn shan shouldn couldn mustn let
+    """.split()  # noqa: SIM905 - 150 words read best as words
+)
+_WORD = re.compile(r"[^\W_]+")
+
+
+@lru_cache(maxsize=1)
+def _stemmer() -> object:
+    import Stemmer  # PyStemmer: the Snowball stemmers, compiled
+
+    return Stemmer.Stemmer("english")
+
+
+@lru_cache(maxsize=2**16)
+def _stem(word: str) -> str:
+    return str(_stemmer().stemWord(word))  # type: ignore[attr-defined]
+
+
+def words(text: str) -> list[str]:
+    """The indexed words of ``text``, in order, repeats kept."""
+    folded = "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
+    return [_stem(w) for w in _WORD.findall(folded.casefold()) if len(w) <= MAX_WORD and w not in STOP_WORDS]
+
+
+class TextIndex:
+    """The words of memories ``0..n-1`` of one owner, appended to as the owner writes.
+
+    Several snapshots of an owner's rows may share one index: each reads only the
+    memories it holds (the first ``n``), since writes only append.
+    """
+
+    def __init__(self, contents: Iterable[str] = ()) -> None:
+        #: word -> (memory positions, ascending; the word's count in each)
+        self.postings: dict[str, tuple[list[int], list[int]]] = {}
+        self.lengths: list[int] = []
+        self._lengths_array: npt.NDArray[np.float64] = np.zeros(0)
+        self.add(contents)
+
+    def add(self, contents: Iterable[str]) -> None:
+        """Index the next memories' contents."""
+        for content in contents:
+            position = len(self.lengths)
+            counts = Counter(words(content))
+            self.lengths.append(sum(counts.values()))
+            for word, count in counts.items():
+                rows, tfs = self.postings.setdefault(word, ([], []))
+                rows.append(position)
+                tfs.append(count)
+
+    def _lengths(self, n: int) -> npt.NDArray[np.float64]:
+        if len(self._lengths_array) != n:
+            self._lengths_array = np.asarray(self.lengths[:n], dtype=np.float64)
+        return self._lengths_array
+
+    def scores(self, query: str, searchable: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
+        """BM25 of each of the first ``len(searchable)`` memories, with the statistics of ``searchable``."""
+        n = len(searchable)
+        scores = np.zeros(n)
+        count = int(searchable.sum())
+        if not count:
+            return scores
+        lengths = self._lengths(n)
+        average = float(lengths[searchable].mean()) or 1.0
+        for word in sorted(set(words(query))):  # a fixed order: the same sums to the last bit
+            posting = self.postings.get(word)
+            if posting is None:
+                continue
+            end = bisect_left(posting[0], n)
+            rows = np.asarray(posting[0][:end], dtype=np.int64)
+            tfs = np.asarray(posting[1][:end], dtype=np.float64)
+            kept = searchable[rows]
+            rows, tfs = rows[kept], tfs[kept]
+            if not len(rows):
+                continue
+            df = len(rows)
+            idf = math.log(1 + (count - df + 0.5) / (df + 0.5))
+            norm = K1 * (1 - B + B * lengths[rows] / average)
+            scores[rows] += idf * tfs * (K1 + 1) / (tfs + norm)
+        return scores
+
+
+def ranked(
+    index: TextIndex, memories: Sequence[Memory], query: str, searchable: npt.NDArray[np.bool_], k: int
+) -> list[SearchResult]:
+    """The ``k`` best of ``memories`` (those ``searchable``) for ``query``; ties by :func:`rank_key`."""
+    scores = index.scores(query, searchable)
+    hits = np.flatnonzero(scores > 0)
+    if len(hits) > k:  # every memory tied with the k-th stays, for rank_key to order
+        kth = np.partition(scores[hits], len(hits) - k)[len(hits) - k]
+        hits = hits[scores[hits] >= kth]
+    found = [SearchResult(memories[int(i)], float(scores[i])) for i in hits]
+    return sorted(found, key=rank_key)[:k]

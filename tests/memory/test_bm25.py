@@ -1,0 +1,81 @@
+"""LanceDB's full-text ranking: BM25 with the statistics of the memories searched, computed in process."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+
+from statekeep.memory import Memory, Provenance
+from statekeep.memory._bm25 import K1, B, TextIndex, ranked, words
+
+
+def memory(content: str, seq: int) -> Memory:
+    return Memory(
+        id=f"m{seq}",
+        owner="o",
+        content=content,
+        kind="semantic",
+        tags=(),
+        metadata={},
+        provenance=Provenance("user_supplied"),
+        model="m",
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+        seq=seq,
+    )
+
+
+def test_words_are_folded_lowercased_stemmed_and_stop_words_dropped() -> None:
+    assert words("The Café's running DATES, names; naïve_user 2023!") == [
+        "cafe",
+        "run",
+        "date",
+        "name",
+        "naiv",
+        "user",
+        "2023",
+    ]
+    assert words("What did I do when you were there?") == []
+    assert words("x" * 41 + " kept") == ["kept"]
+
+
+def test_scores_are_bm25_of_the_searched_memories_alone() -> None:
+    """Hand-computed BM25 of a word in two of three memories; one left out changes N, df and the average."""
+    docs = ["apple pie", "apple apple tart crumble", "banana bread"]
+    index = TextIndex(docs)
+    everything = np.ones(3, dtype=bool)
+    lengths = [2, 4, 2]
+    average = sum(lengths) / 3
+
+    def bm25(tf: int, length: float, n: int, df: int, avg: float) -> float:
+        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        return idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / avg))
+
+    scores = index.scores("apples", everything)
+    assert scores[0] == pytest.approx(bm25(1, 2, 3, 2, average))
+    assert scores[1] == pytest.approx(bm25(2, 4, 3, 2, average))
+    assert scores[2] == 0
+    without_banana = index.scores("apples", np.array([True, True, False]))
+    assert without_banana[0] == pytest.approx(bm25(1, 2, 2, 2, 3.0))
+    assert without_banana[0] != pytest.approx(scores[0])
+
+
+def test_ranked_breaks_ties_by_content_then_write_order_and_keeps_every_tie_at_the_cut() -> None:
+    contents = ["b apple", "a apple", "a apple", "c apple", "pear"]
+    memories = [memory(c, seq) for seq, c in enumerate(contents, start=1)]
+    index = TextIndex(contents)
+    hits = ranked(index, memories, "apple", np.ones(5, dtype=bool), k=3)
+    expected = [("a apple", 2), ("a apple", 3), ("b apple", 1)]
+    assert [(h.memory.content, h.memory.seq) for h in hits] == expected
+    assert ranked(index, memories, "pear plum", np.array([True] * 4 + [False]), k=3) == []
+
+
+def test_an_index_shared_by_snapshots_reads_only_the_memories_each_holds() -> None:
+    """Writes append: an older snapshot of fewer memories scores just those, with their statistics."""
+    index = TextIndex(["apple pie", "apple tart"])
+    before = index.scores("apple", np.ones(2, dtype=bool))
+    index.add(["apple crumble", "banana"])
+    assert len(index.scores("apple", np.ones(4, dtype=bool))) == 4
+    assert index.scores("apple", np.ones(2, dtype=bool)).tolist() == before.tolist()
