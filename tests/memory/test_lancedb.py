@@ -314,7 +314,8 @@ def test_a_writer_drops_the_full_text_index_of_an_earlier_version_and_forget_lea
 
 
 def test_a_writers_held_rows_rank_as_lancedb_does(tmp_path: Path) -> None:
-    """A writer searching its in-process rows returns what a reader, holding nothing, reads from LanceDB."""
+    """A writer searching its in-process rows returns what a reader holding nothing reads from LanceDB,
+    and what a reader holding the rows of the table's latest version returns; a new version is read."""
     folder = tmp_path / "m"
     writer = LanceDBMemoryStore(folder, FakeEmbedder(), duplicate_threshold=None)
     notes = [f"note {i} about {topic}" for i in range(60) for topic in ("tea", "trains")][:90]
@@ -326,13 +327,15 @@ def test_a_writers_held_rows_rank_as_lancedb_does(tmp_path: Path) -> None:
     before = {q: _ranked(writer, q) for q in queries}  # reads alice's rows into the writer's cache
     new = writer.supersede("alice", old.id, "the new address is Oak Street")  # applied to the cache
     writer.now = lambda: datetime.now(UTC) + timedelta(minutes=1)  # type: ignore[method-assign]
-    reader = LanceDBMemoryStore(folder, FakeEmbedder(), read_only=True)
-    reader.now = writer.now  # type: ignore[method-assign]
+    reader = LanceDBMemoryStore(folder, FakeEmbedder(), read_only=True, cache_bytes=0)
+    holding = LanceDBMemoryStore(folder, FakeEmbedder(), read_only=True)
+    reader.now = holding.now = writer.now  # type: ignore[method-assign]
     for q in queries:
         for mode in ("hybrid", "text"):
-            held, lance = _ranked(writer, q, mode), _ranked(reader, q, mode)
-            assert [i for i, _ in held] == [i for i, _ in lance]
+            held, lance, again = _ranked(writer, q, mode), _ranked(reader, q, mode), _ranked(holding, q, mode)
+            assert [i for i, _ in held] == [i for i, _ in lance] == [i for i, _ in again]
             assert [s for _, s in held] == pytest.approx([s for _, s in lance], abs=1e-5)
+            assert [s for _, s in again] == pytest.approx([s for _, s in lance], abs=1e-5)
         narrowed = (writer.search("alice", q, mode="text", since=old.created_at) for _ in range(2))
         read = reader.search("alice", q, mode="text", since=old.created_at)
         assert next(narrowed) == read == next(narrowed)
@@ -341,6 +344,13 @@ def test_a_writers_held_rows_rank_as_lancedb_does(tmp_path: Path) -> None:
     assert any(old.id in {i for i, _ in r} for r in before.values())
     assert writer._cache.get("alice") is not None
     assert reader._cache.get("alice") is None
+    assert holding._cache.get("alice") is not None
+    later = writer.remember("alice", "the parcel locker code is 4471")
+    assert [h.memory.id for h in holding.search("alice", "parcel locker code", k=1)] == [later.id]
+    writer.forget("alice")
+    assert holding.search("alice", "parcel locker code") == []
+    held_now = holding._cache.get("alice")
+    assert held_now is None or held_now.memories == []  # nothing of alice's is held after her erasure
     writer.close()
 
 

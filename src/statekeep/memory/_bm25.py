@@ -22,6 +22,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -46,24 +47,40 @@ STOP_WORDS = frozenset(
     """.split()  # noqa: SIM905 - 150 words read best as words
 )
 _WORD = re.compile(r"[^\W_]+")
+#: Combining marks left by NFKD (the accents of "café", "naïve"), dropped to fold to the base letter.
+_MARKS = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
+#: ASCII text: everything but letters and digits becomes a space (as ``_WORD`` splits it, faster).
+_ASCII_SPACES = str.maketrans({chr(c): " " for c in range(128) if not chr(c).isalnum()})
+_STEMS: dict[str, str] = {}
 
 
 @lru_cache(maxsize=1)
-def _stemmer() -> object:
+def _stemmer() -> Any:
     import Stemmer  # PyStemmer: the Snowball stemmers, compiled
 
     return Stemmer.Stemmer("english")
 
 
-@lru_cache(maxsize=2**16)
-def _stem(word: str) -> str:
-    return str(_stemmer().stemWord(word))  # type: ignore[attr-defined]
+def _stemmed(tokens: list[str]) -> list[str]:
+    stems = _STEMS
+    if len(stems) > 200_000:  # a bound on the memo, not on what can be indexed
+        stems.clear()
+    out = []
+    for token in tokens:
+        stem = stems.get(token)
+        if stem is None:
+            stem = stems[token] = str(_stemmer().stemWord(token))
+        out.append(stem)
+    return out
 
 
 def words(text: str) -> list[str]:
     """The indexed words of ``text``, in order, repeats kept."""
-    folded = "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
-    return [_stem(w) for w in _WORD.findall(folded.casefold()) if len(w) <= MAX_WORD and w not in STOP_WORDS]
+    if text.isascii():
+        tokens = text.lower().translate(_ASCII_SPACES).split()
+    else:
+        tokens = _WORD.findall(_MARKS.sub("", unicodedata.normalize("NFKD", text.casefold())))
+    return _stemmed([t for t in tokens if len(t) <= MAX_WORD and t not in STOP_WORDS])
 
 
 class TextIndex:

@@ -66,10 +66,11 @@ class LanceDBMemoryStore(base.MemoryStore):
         exact_below: on a table with a vector index (built by an older statekeep, dropped by
             ``optimize``), searches whose filter leaves at most this many rows are exact.
         nprobes: IVF partitions probed by a search through such an index.
-        cache_bytes: a writer keeps the memories and vectors of the owners it searched in
-            process, up to this many bytes (0: none), so a search without narrowing filters
-            is one matrix product; each write drops what it touched. A read-only store
-            keeps nothing (another process writes).
+        cache_bytes: a store keeps the memories, vectors and indexed words of the owners it
+            searched in process, up to this many bytes (0: none), so a search is one matrix
+            product and a full-text ranking of words already counted. A writer applies its
+            writes to what it holds; a read-only store lets everything go whenever another
+            process has committed a new version of the table.
         read_only: open for reading only, without the writer lock (LanceDB readers are
             safe beside one writer), so searches and exports work while a worker writes;
             every read sees the latest committed version. The folder must hold memories.
@@ -138,7 +139,8 @@ class LanceDBMemoryStore(base.MemoryStore):
             self._table = self._open_table()
         # a writer is the only writer (the folder lock), so its in-process caches stay true
         self._owner_rows: dict[str, int] = {}
-        self._cache = OwnerCache(0 if self.read_only else cache_bytes)
+        self._cache = OwnerCache(cache_bytes)
+        self._read_version: int | None = None
         self._dim: int | None = None
         self._indexed = self._has_vector_index()
         self._next_seq = 0 if self.read_only else self._max_seq() + 1
@@ -300,6 +302,11 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     def _held(self, owner: str) -> OwnerRows | None:
         """The owner's rows from the cache, read into it first when they fit; None when they do not."""
+        if self.read_only:  # another process writes: what was read holds only until its next version
+            version = self._table.version
+            if version != self._read_version:
+                self._cache.drop()
+                self._read_version = version
         held = self._cache.get(owner)
         if held is not None or not self._cache.fits(self._rows_of(owner), self._dimension):
             return held
