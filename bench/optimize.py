@@ -59,7 +59,7 @@ def full_copy(folder: Path, vectors: np.ndarray) -> float:
 
 def segments(store: Any) -> int:
     return sum(
-        len(ix.segments) for ix in store._table.to_lance().describe_indices() if ix.name == "content_idx"
+        len(ix.segments) for ix in store._table.to_lance().describe_indices() if ix.name == "owner_idx"
     )
 
 
@@ -84,7 +84,7 @@ def bench_rows(rows: int) -> dict[str, Any]:
             "incremental_max_s": max(incremental),
             "full_s": float(np.median(full)),
             "ratio": float(np.median(incremental) / np.median(full)),
-            "text_segments_after": segments(store),
+            "owner_segments_after": segments(store),
         }
         print(f"  {rows} rows, {name}: {out[name]}", flush=True)
     store.close()

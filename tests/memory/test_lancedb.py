@@ -7,6 +7,7 @@ import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -31,7 +32,7 @@ def test_invariant_8_forget_leaves_the_owner_in_no_lance_file(
     store.remember_many("bob", [f"Bob's note number {i} about gardening." for i in range(300)])
     marker = f"zq{uuid.uuid4().hex}"
     store.remember("alice", f"Alice's locker code is {marker}.")
-    store.optimize()  # one file shared with bob's rows, plus text and owner indexes
+    store.optimize()  # one file shared with bob's rows, plus the owner index
     assert any(name.startswith("memories.lance/_indices") for name, _ in _names(folder))
     # a plain delete only writes a deletion file: the row still decodes from its data file (under 10% deleted)
     store._table.delete("owner = 'alice'")
@@ -130,10 +131,10 @@ def test_forget_of_an_owner_with_whole_files_leaves_no_index_segment_holding_the
     assert index_files
     assert not [f for f, text in index_files if "bob" in text]  # the owner index held the owner's name
     row_ids = [
-        r["_rowid"] for f, text in index_files if f.name.endswith("docs.lance") for r in json.loads(text)
+        r["ids"] for f, text in index_files if f.name.endswith("page_data.lance") for r in json.loads(text)
     ]
     assert row_ids
-    assert {r >> 32 for r in row_ids} <= live  # the text index lists no row of a dropped file
+    assert {r >> 32 for r in row_ids} <= live  # the owner index lists no row of a dropped file
     assert store.list_memories("bob") == []
     assert len(store.list_memories("cid")) == 2000
     assert len(store.search("ann", "tea", k=500, mode="text")) == 300
@@ -200,7 +201,7 @@ def test_optimize_lays_out_a_table_an_older_statekeep_indexed_one_owner_per_file
     assert len(store._table.to_lance().get_fragments()) == 1
     store.optimize()
     assert not store._indexed
-    assert {ix.name for ix in store._table.list_indices()} == {"content_idx", "owner_idx"}
+    assert {ix.name for ix in store._table.list_indices()} == {"owner_idx"}
     files = store._table.to_lance().get_fragments()
     owners = [set(f.to_table(columns=["owner"]).column("owner").to_pylist()) for f in files]
     assert owners == [{"ann"}, {"bob"}]  # 300 + 300 rows do not fit in one file of 512: one owner each
@@ -237,6 +238,79 @@ def test_a_folder_of_an_earlier_version_is_upgraded_with_identities_and_write_or
         assert store.remember("alice", "Alice has a cat.").seq == 4
         assert store.search("alice", "Alice has a dog", k=1)[0].memory.id == "c"
         assert store.search("alice", "dog", k=1, mode="hybrid")[0].memory.id == "c"
+
+
+def _with_old_text_index(folder: Path, layout: str) -> set[str]:
+    """Give a laid-out table the full-text index earlier statekeep versions built; its segments' ids.
+
+    ``whole``: one segment over every file (``FTS()`` on the table, as a new table got it);
+    ``segments``: one segment per owner index segment, as ``optimize`` laid it out.
+    """
+    import lance
+    import lancedb
+    from lancedb.index import FTS
+
+    if layout == "whole":
+        lancedb.connect(str(folder)).open_table("memories").create_index("content", config=FTS())
+    else:
+        dataset = lance.dataset(str(folder / "memories.lance"))
+        (owner,) = [ix for ix in dataset.describe_indices() if ix.name == "owner_idx"]
+        built: list[Any] = [
+            dataset.create_index_uncommitted(
+                "content", "INVERTED", name="content_idx", fragment_ids=list(seg.fragment_ids)
+            )
+            for seg in owner.segments
+        ]
+        dataset.commit_existing_index_segments("content_idx", "content", built)
+    dataset = lance.dataset(str(folder / "memories.lance"))
+    (text,) = [ix for ix in dataset.describe_indices() if ix.name == "content_idx"]
+    return {str(seg.uuid) for seg in text.segments}
+
+
+@pytest.mark.parametrize("layout", ["whole", "segments"])
+def test_a_writer_drops_the_full_text_index_of_an_earlier_version_and_forget_leaves_none_of_it(
+    tmp_path: Path, layout: str
+) -> None:
+    """A table an earlier statekeep gave a full-text index (content_idx) is read as it is by a read-only
+    store; a writer drops the index and its files on open, so no stale segment of it keeps an erased
+    owner's words (erasure rebuilds no segment of it), and the table stays laid out."""
+    from statekeep.memory import _lance_layout
+
+    folder = tmp_path / "memory"
+    with LanceDBMemoryStore(folder, FakeEmbedder()) as store:
+        store.remember_many("bob", [f"Bob's note number {i} about gardening." for i in range(700)])
+        marker = f"zq{uuid.uuid4().hex}"
+        store.remember("alice", f"Alice's locker code is {marker}.")
+        store.optimize()
+    text_segments = _with_old_text_index(folder, layout)
+    indices = folder / "memories.lance" / "_indices"
+    assert text_segments
+    assert all((indices / u).is_dir() for u in text_segments)
+
+    reader = LanceDBMemoryStore(folder, FakeEmbedder(), read_only=True)
+    assert "content_idx" in {ix.name for ix in reader._table.list_indices()}
+    assert reader.search("alice", marker, k=1, mode="text")[0].memory.owner == "alice"
+    assert reader.search("alice", marker, k=1, mode="hybrid")[0].memory.owner == "alice"
+    reader.close()
+
+    store = LanceDBMemoryStore(folder, FakeEmbedder())
+    assert {ix.name for ix in store._table.list_indices()} == {"owner_idx"}
+    assert not [u for u in text_segments if (indices / u).exists()]  # its files deleted, not just unlisted
+    if layout == "segments":  # still laid out: optimize goes on laying out only what changed
+        assert _lance_layout._laid_out_indexes(store._table.to_lance()) is not None
+    store.remember("alice", "Alice waters the ferns on Sundays.")
+    store.optimize()
+    store.forget("alice")
+
+    assert files_with(folder, marker) == []
+    dataset = store._table.to_lance()
+    owner_segments = {str(seg.uuid) for ix in dataset.describe_indices() for seg in ix.segments}
+    assert {p.name for p in indices.iterdir()} == owner_segments  # no index file but the owner index's
+    assert store.search("bob", "gardening", k=3, mode="text")[0].memory.owner == "bob"
+    store.close()
+    reader = LanceDBMemoryStore(folder, FakeEmbedder(), read_only=True)
+    assert reader.list_memories("alice") == []
+    reader.close()
 
 
 def test_a_writers_held_rows_rank_as_lancedb_does(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from tests.memory.test_lancedb import _digests, files_with
 
 
 def _laid_out_table(folder: Path) -> LanceDBMemoryStore:
-    """3,000 memories of five owners, optimized: ten files and two index segments of each index."""
+    """3,000 memories of five owners, optimized: ten files and two segments of the owner index."""
     store = LanceDBMemoryStore(folder, FakeEmbedder())
     for owner in ("ann", "bob", "cid", "dee", "fay"):
         store.remember_many(owner, [f"{owner}'s note number {i} about gardening." for i in range(600)])
@@ -40,7 +40,7 @@ def _files(store: LanceDBMemoryStore) -> dict[int, list[str]]:
 
 
 def test_optimize_after_more_writes_leaves_every_laid_out_file_untouched(tmp_path: Path) -> None:
-    """New writes are laid out by owner in new files, indexed in new segments added to both indexes;
+    """New writes are laid out by owner in new files, indexed in a new segment added to the owner index;
     every data file and index segment of the earlier layout stays byte for byte as it was."""
     folder = tmp_path / "memory"
     store = _laid_out_table(folder)
@@ -59,10 +59,10 @@ def test_optimize_after_more_writes_leaves_every_laid_out_file_untouched(tmp_pat
     assert sorted(o for owners in new.values() for o in owners) == ["ann", "ann", "eve", "eve"]
     assert all(owners == sorted(owners) for owners in new.values())  # grouped by owner
     assert len(new) == 1, "four rows fit in one file"
-    for name in ("content_idx", "owner_idx"):
-        assert set(segments[name]) <= set(now[name])  # the earlier segments are kept
-        added = [s for s in now[name] if s not in segments[name]]
-        assert added == [frozenset(new)]  # and one more covers the new file
+    assert set(now) == {"owner_idx"}  # no other index
+    assert set(segments["owner_idx"]) <= set(now["owner_idx"])  # the earlier segments are kept
+    added = [s for s in now["owner_idx"] if s not in segments["owner_idx"]]
+    assert added == [frozenset(new)]  # and one more covers the new file
     assert [f for f in files_with(folder, marker) if "/data/" in f] == [
         f for f in after if f not in before and "/data/" in f
     ]
@@ -96,7 +96,7 @@ def test_optimize_rewrites_only_a_laid_out_file_an_update_left_a_deleted_row_in(
     changed = [f for f in before if after.get(f) != before[f]]
     assert [f for f in changed if "/data/" in f]
     assert len(changed) < len(before) / 2
-    covered = {i for s in _segments(store)["content_idx"] for i in s}
+    covered = {i for s in _segments(store)["owner_idx"] for i in s}
     assert covered == set(laid)  # every file, the rewritten one included, is in a segment
     assert sum(len(o) for o in laid.values()) == 3001  # the update replaced its row
     current = store.list_memories("cid")
@@ -156,7 +156,7 @@ def test_search_after_an_incremental_optimize_equals_search_after_a_full_layout(
     store.remember_many("ann", ["Ann grows basil on the balcony.", "Ann's soup won a prize."])
     bees = store.remember("cid", "Cid keeps bees beside the roses.")
     store.optimize()
-    assert len(_segments(store)["content_idx"]) == 2  # the earlier one and one over the new rows
+    assert len(_segments(store)["owner_idx"]) == 2  # the earlier one and one over the new rows
     queries = [("bob", "roses in the greenhouse"), ("ann", "basil soup"), ("cid", "bees"), ("bob", "dog")]
     incremental = _results(store, queries)
     # Cid's one memory, written after the first layout, is found by meaning and by its words
@@ -164,7 +164,7 @@ def test_search_after_an_incremental_optimize_equals_search_after_a_full_layout(
 
     store.optimize(full=True)
 
-    assert len(_segments(store)["content_idx"]) == 1
+    assert len(_segments(store)["owner_idx"]) == 1
     full = _results(store, queries)
     assert [[i for i, _ in hits] for hits in incremental] == [[i for i, _ in hits] for hits in full]
     for inc, whole in zip(incremental, full, strict=True):
@@ -183,16 +183,16 @@ def _small_batches(folder: Path) -> LanceDBMemoryStore:
 
 def test_small_optimizes_do_not_pile_up_index_segments_and_lay_out_alike(tmp_path: Path) -> None:
     """After many optimizes of a few writes each, few small segments remain, every file is covered by
-    exactly one segment of each index, and the same writes give the same layout in another folder."""
+    exactly one segment of the owner index, and the same writes give the same layout in another folder."""
     store = _small_batches(tmp_path / "one")
     dataset = store._table.to_lance()
     rows = {f.fragment_id: f.count_rows() for f in dataset.get_fragments()}
     segments = _segments(store)
-    for name in ("content_idx", "owner_idx"):
-        covered = sorted(i for s in segments[name] for i in s)
-        assert covered == sorted(rows)  # each file in exactly one segment
-        assert all(len(s) <= SEGMENT_FILES for s in segments[name])
-    small = [s for s in segments["content_idx"] if sum(rows[i] for i in s) < SMALL_ROWS]
+    assert set(segments) == {"owner_idx"}
+    covered = sorted(i for s in segments["owner_idx"] for i in s)
+    assert covered == sorted(rows)  # each file in exactly one segment
+    assert all(len(s) <= SEGMENT_FILES for s in segments["owner_idx"])
+    small = [s for s in segments["owner_idx"] if sum(rows[i] for i in s) < SMALL_ROWS]
     assert len(small) <= SMALL_SEGMENTS  # merged with the new rows when that many have gathered
     assert all(n <= FRAGMENT_ROWS for n in rows.values())
     assert all(f.metadata.deletion_file is None for f in dataset.get_fragments())

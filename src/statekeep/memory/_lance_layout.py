@@ -2,27 +2,30 @@
 
 ``optimize`` writes the rows grouped by owner into data files of at most
 :data:`FRAGMENT_ROWS` rows (whole owners packed together; an owner bigger than
-that gets files of its own), and builds the text and owner indexes in segments
-of :data:`SEGMENT_FILES` consecutive files (a text search pays a little for each
-segment it opens). Erasing then deletes the rows and rewrites only the data
-files that have deleted rows, one at a time: Lance remaps just the index
-segments that cover those files (dropping the erased rows and their tokens). A
+that gets files of its own), and builds the owner index in segments of
+:data:`SEGMENT_FILES` consecutive files. Erasing then deletes the rows and
+rewrites only the data files that have deleted rows, one at a time: Lance remaps
+just the index segments that cover those files (dropping the erased rows). A
 file whose rows were all deleted is gone without a rewrite, but the segments
 that covered it still hold its rows: those segments are rebuilt over the files
 they still cover. Every other file, data or index, is left untouched.
 
 Once the table is laid out, ``optimize`` lays out only what changed since
-(:func:`lay_out_new`): the files no index segment covers (each write adds one)
-are replaced by files of their rows grouped by owner, indexed in new segments
-added to both indexes, and the laid-out files with deleted rows (updates) are
-rewritten as an erasure rewrites them. Each pass leaves at most one small
-segment (its last group of files); when :data:`SMALL_SEGMENTS` have gathered,
-their files are laid out again with the new rows, so the number of segments a
-text search opens stays near the table's rows over ``SEGMENT_FILES *
-FRAGMENT_ROWS`` at a bounded cost per pass. Full-text scores do not depend on
-how the files are grouped into segments (Lance ranks with the statistics of the
-whole index), so an incremental layout searches exactly as a full one.
+(:func:`lay_out_new`): the files no owner index segment covers (each write adds
+one) are replaced by files of their rows grouped by owner, indexed in new
+segments, and the laid-out files with deleted rows (updates) are rewritten as an
+erasure rewrites them. Each pass leaves at most one small segment (its last
+group of files); when :data:`SMALL_SEGMENTS` have gathered, their files are laid
+out again with the new rows, so the number of segments stays near the table's
+rows over ``SEGMENT_FILES * FRAGMENT_ROWS`` at a bounded cost per pass. No
+search depends on how the files are grouped into segments (full-text search is
+BM25 computed in process over the owner's memories, :mod:`._bm25`), so an
+incremental layout searches exactly as a full one.
 
+There is no full-text index: LanceDB's ranks with the statistics of the whole
+table (every owner's words), and it would be one more copy of every memory's
+tokens for erasure to clean. A table of an older statekeep that has one
+(:data:`OLD_TEXT`) has it dropped when a writer opens it (:func:`drop_old_text_index`).
 There is no vector (ANN) index: remapping one costs about as much as the rest
 of an erasure for each file it covers, and an ANN index segment per file was
 slower to search than an exact scan of the owner's rows, which this layout
@@ -43,12 +46,14 @@ from statekeep.memory.embedders import Vectors
 
 #: The most rows a data file holds after ``optimize``.
 FRAGMENT_ROWS = 512
-#: The most data files a text or owner index segment covers.
+#: The most data files an owner index segment covers.
 SEGMENT_FILES = 8
-TEXT, OWNER = "content_idx", "owner_idx"
+OWNER = "owner_idx"
+#: The full-text index of older statekeep versions (dropped by :func:`drop_old_text_index`).
+OLD_TEXT = "content_idx"
 #: Each index ``optimize`` builds: its column and Lance index type.
-INDEXES = {TEXT: ("content", "INVERTED"), OWNER: ("owner", "BTREE")}
-#: A text index segment over fewer rows is small: a layout leaves at most one (its last group).
+INDEXES = {OWNER: ("owner", "BTREE")}
+#: An owner index segment over fewer rows is small: a layout leaves at most one (its last group).
 SMALL_ROWS = SEGMENT_FILES * FRAGMENT_ROWS // 2
 #: When this many small segments have gathered, ``optimize`` lays their files out again.
 SMALL_SEGMENTS = 4
@@ -86,18 +91,24 @@ def schema(dimension: int) -> Any:
     )
 
 
-def fts_index(table: Any) -> None:
-    """Build the full-text index of a table LanceDB just created (``optimize`` lays it out in segments)."""
-    from lancedb.index import FTS
+def drop_old_text_index(table: Any) -> bool:
+    """Drop the full-text index of an older statekeep and every old version (its files); True if it had one.
 
-    table.create_index("content", config=FTS(), replace=True)
+    Only a writer may (the folder lock makes it the only one): erasure rebuilds no
+    segment of that index, so a stale one would keep an erased owner's tokens.
+    """
+    if OLD_TEXT not in {index.name for index in table.list_indices()}:
+        return False
+    table.drop_index(OLD_TEXT)
+    table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+    return True
 
 
 def upgrade(db: Any, name: str, table: Any) -> Any:
     """Rewrite a table of an older statekeep with the columns of deduplication and ranking.
 
     Each memory gets its identity (from its text), and a ``seq`` in the order it
-    was written (creation time, then id); the indexes are rebuilt by ``optimize``.
+    was written (creation time, then id); ``optimize`` builds the owner index again.
     """
     import pyarrow as pa
 
@@ -116,7 +127,6 @@ def upgrade(db: Any, name: str, table: Any) -> Any:
     }
     data = pa.table({n: added[n] if n in added else old.column(n) for n in into.names}, schema=into)
     table = db.create_table(name, data=data, schema=into, mode="overwrite")
-    fts_index(table)
     table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
     return table
 
@@ -201,7 +211,7 @@ def lay_out_new(dataset: Any) -> Any | None:
     with deleted rows are rewritten one at a time and the stale index segments
     rebuilt (:func:`erase`); the rows of the files no index segment covers (the
     writes since) are grouped by owner into new files, indexed in new segments
-    added to the text and owner indexes. Every other data and index file is
+    added to the owner index. Every other data and index file is
     left untouched, except that when :data:`SMALL_SEGMENTS` small segments (each
     pass leaves at most one) have gathered, their files are laid out again with
     the new rows, so that writes in small batches do not pile up segments.
@@ -209,7 +219,7 @@ def lay_out_new(dataset: Any) -> Any | None:
     indexes = _laid_out_indexes(dataset)
     if indexes is None:
         return None
-    covered = _covered(indexes[TEXT])
+    covered = _covered(indexes[OWNER])
     if any(
         f.fragment_id in covered and f.metadata.physical_rows > FRAGMENT_ROWS for f in dataset.get_fragments()
     ):
@@ -220,18 +230,17 @@ def lay_out_new(dataset: Any) -> Any | None:
 
 
 def _laid_out_indexes(dataset: Any) -> dict[str, Any] | None:
-    """The text and owner indexes of a table laid out by ``optimize``, by name; None when it is not.
+    """The owner index of a table laid out by ``optimize``, by name; None when it is not.
 
-    Laid out: just those two indexes, their segments over the same groups of at
-    most :data:`SEGMENT_FILES` files, at least one file covered.
+    Laid out: just that index, its segments over groups of at most
+    :data:`SEGMENT_FILES` files, at least one file covered.
     """
     indexes = {index.name: index for index in dataset.describe_indices()}
-    if set(indexes) != set(INDEXES):  # no index yet, or a vector index of an older statekeep
+    if set(indexes) != set(INDEXES):  # no index yet, or a vector or text index of an older statekeep
         return None
-    groups = {name: sorted(sorted(s.fragment_ids) for s in ix.segments) for name, ix in indexes.items()}
-    if groups[TEXT] != groups[OWNER] or not _covered(indexes[TEXT]):
+    if not _covered(indexes[OWNER]):
         return None
-    return None if any(len(group) > SEGMENT_FILES for group in groups[TEXT]) else indexes
+    return None if any(len(s.fragment_ids) > SEGMENT_FILES for s in indexes[OWNER].segments) else indexes
 
 
 def _covered(index: Any) -> set[int]:
@@ -245,9 +254,9 @@ def _lay_out_uncovered(dataset: Any) -> Any:
     indexes = {index.name: index for index in dataset.describe_indices()}
     live = {f.fragment_id: f for f in dataset.get_fragments()}
     rows = {i: live[i].metadata.physical_rows for i in live}
-    small = [s for s in indexes[TEXT].segments if sum(rows.get(i, 0) for i in s.fragment_ids) < SMALL_ROWS]
+    small = [s for s in indexes[OWNER].segments if sum(rows.get(i, 0) for i in s.fragment_ids) < SMALL_ROWS]
     merged = small if len(small) >= SMALL_SEGMENTS else []
-    files = [i for i in live if i not in _covered(indexes[TEXT])]
+    files = [i for i in live if i not in _covered(indexes[OWNER])]
     files += [i for s in merged for i in s.fragment_ids if i in live]
     if not files:
         return dataset
@@ -266,7 +275,7 @@ def _lay_out_uncovered(dataset: Any) -> Any:
 
 
 def index_segments(dataset: Any) -> Any:
-    """Build the text and owner indexes in segments of a few data files; return the new version.
+    """Build the owner index in segments of a few data files; return the new version.
 
     An index already present is rebuilt.
     """
@@ -320,7 +329,7 @@ def rebuild_stale(dataset: Any) -> int:
     """Rebuild every index segment that covers a data file no longer in the table; return how many.
 
     Lance drops a data file whose rows are all deleted without rewriting the
-    index segments that cover it, which still hold those rows (their tokens, their
+    index segments that cover it, which still hold those rows (their row ids, their
     owner). Each such segment is replaced by one built over the files it still
     covers (or just removed when it covers none), in one commit.
     """

@@ -7,9 +7,12 @@ exactly: ``optimize`` builds no vector index (a table an older statekeep indexed
 is searched through its index until ``optimize``, exactly when the filter leaves
 at most ``exact_below`` rows).
 
-``optimize`` writes the rows grouped by owner into small data files, the text
-and owner indexes in segments of a few files (:mod:`statekeep.memory._lance_layout`);
-once the table is laid out, it lays out only the rows written since. Erasure
+``optimize`` writes the rows grouped by owner into small data files, the owner
+index in segments of a few files (:mod:`statekeep.memory._lance_layout`); once
+the table is laid out, it lays out only the rows written since. There is no
+full-text index (full-text search is BM25 over the owner's memories, in process:
+:mod:`statekeep.memory._bm25`); a writer drops the one an older statekeep built
+when it opens the table. Erasure
 deletes the rows, then rewrites each data file that held one
 (``compact_files`` with ``materialize_deletions_threshold=0``, every other file
 excluded), so Lance remaps only the index segments of those files, and deletes
@@ -143,13 +146,14 @@ class LanceDBMemoryStore(base.MemoryStore):
         self._next_seq = 0 if self.read_only else self._max_seq() + 1
 
     def _open_table(self) -> Any:
-        if TABLE in self._db.list_tables().tables:
+        if TABLE not in self._db.list_tables().tables:
+            return self._db.create_table(TABLE, schema=_lance_layout.schema(self.embedder.dimension))
+        table = self._db.open_table(TABLE)
+        if "seq" not in table.schema.names:
+            table = _lance_layout.upgrade(self._db, TABLE, table)
+        # before any erasure can run: erasure rebuilds no segment of that index, a stale one keeps tokens
+        if _lance_layout.drop_old_text_index(table):
             table = self._db.open_table(TABLE)
-            if "seq" not in table.schema.names:
-                table = _lance_layout.upgrade(self._db, TABLE, table)
-            return table
-        table = self._db.create_table(TABLE, schema=_lance_layout.schema(self.embedder.dimension))
-        _lance_layout.fts_index(table)
         return table
 
     def _reopen(self) -> None:
@@ -215,13 +219,13 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     @_lock.one_at_a_time("optimizing")
     def optimize(self, *, full: bool = False) -> None:
-        """Lay the memories out by owner in small files and index them (text, owner).
+        """Lay the memories out by owner in small files and index them by owner.
 
         Call it after bulk loads and from time to time (each write adds a file). It
         lays out what was written since its last run: those rows grouped by owner
-        in new files of at most 512 rows, indexed in new segments of the text and
-        owner indexes; files where an update or an erasure deleted rows are
-        rewritten one at a time. Every other file is left as it was, so its cost
+        in new files of at most 512 rows, indexed in new segments of the owner
+        index; files where an update or an erasure deleted rows are rewritten one
+        at a time. Every other file is left as it was, so its cost
         follows the writes, not the table (when four small index segments have
         gathered, their files are laid out again with the new rows). A table never
         laid out (written by an older statekeep, or holding a vector index, which it
@@ -382,8 +386,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         root = self.path / f"{TABLE}.lance"
         return [
             f"{root / 'data'}: every data file that held a deleted row was rewritten",
-            f"{root / '_indices'}: the text and owner index segments of those files remapped"
-            " past the deleted rows",
+            f"{root / '_indices'}: the owner index segments of those files remapped past the deleted rows",
             f"{root / '_versions'}: every older version deleted",
         ]
 
@@ -453,7 +456,6 @@ class LanceDBMemoryStore(base.MemoryStore):
         self._cache.drop()
         self._dim = dimension
         self._indexed = False
-        _lance_layout.fts_index(self._table)
         self._table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
 
 
