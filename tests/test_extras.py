@@ -41,6 +41,14 @@ def test_lancedb_without_its_package(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert info.value.package == "lancedb"
 
 
+def test_lancedb_without_the_stemmer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full-text ranking stems with PyStemmer: a store without it says so when it opens, not at a search."""
+    _missing(monkeypatch, "Stemmer")
+    with pytest.raises(MissingExtraError, match=r"pip install 'statekeep\[lancedb\]'") as info:
+        LanceDBMemoryStore(tmp_path / "m", FakeEmbedder())
+    assert info.value.package == "Stemmer"
+
+
 def test_the_folder_lock_without_filelock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The writer lock comes with the lancedb extra."""
     from statekeep.memory._lock import FolderLock

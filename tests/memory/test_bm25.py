@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
-from statekeep.memory import Memory, Provenance
-from statekeep.memory._bm25 import K1, B, TextIndex, ranked, words
+from statekeep.memory import Memory, Provenance, _bm25
+from statekeep.memory._bm25 import K1, B, TextIndex, _stemmer, ranked, words
 
 
 def memory(content: str, seq: int) -> Memory:
@@ -79,3 +79,22 @@ def test_an_index_shared_by_snapshots_reads_only_the_memories_each_holds() -> No
     index.add(["apple crumble", "banana"])
     assert len(index.scores("apple", np.ones(4, dtype=bool))) == 4
     assert index.scores("apple", np.ones(2, dtype=bool)).tolist() == before.tolist()
+
+
+def test_the_marks_inside_words_of_other_scripts_stay_in_their_words() -> None:
+    """Devanagari and Tamil vowel signs are marks, not letters: they must not split a word into letters."""
+    assert words("हिन्दी में बात") == ["हिन्दी", "में", "बात"]
+    assert len(words("தமிழ் மொழி")) == 2
+    assert words("தமிழ் மொழி") == words("தமிழ்") + words("மொழி")
+    index = TextIndex(["आज दिन अच्छा है", "मुझे हिन्दी पसंद है"])
+    assert index.scores("हिन्दी", np.ones(2, dtype=bool)).tolist()[0] == 0
+
+
+def test_the_words_seen_are_memoised_by_their_index_alone() -> None:
+    """An owner's words go with their index (dropped with the owner): no process-wide memo keeps them."""
+    index = TextIndex(["the locker code is zebracactus"])
+    assert "zebracactus" in index._stems
+    assert "zebracactus" not in TextIndex(["other words"])._stems
+    assert _stemmer().maxCacheSize == 0
+    memos = [n for n, v in vars(_bm25).items() if isinstance(v, dict) and any(isinstance(k, str) for k in v)]
+    assert [n for n in memos if not n.startswith("__")] == []

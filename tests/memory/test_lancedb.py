@@ -9,12 +9,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statekeep.errors import ConfigError, MemoryLockedError
 from statekeep.memory import FakeEmbedder, SearchMode, SentenceTransformerEmbedder
+from statekeep.memory._owner_cache import OWNER_BYTES, OwnerCache, held_rows
 from statekeep.memory.lancedb import LanceDBMemoryStore, decode_folder, quote
 
 
@@ -348,9 +350,13 @@ def test_a_writers_held_rows_rank_as_lancedb_does(tmp_path: Path) -> None:
     later = writer.remember("alice", "the parcel locker code is 4471")
     assert [h.memory.id for h in holding.search("alice", "parcel locker code", k=1)] == [later.id]
     writer.forget("alice")
+    # a filtered search, which reads LanceDB, not the held rows, lets them go too
+    assert holding.search("alice", "parcel locker code", kinds=["semantic"], mode="vector") == []
+    assert holding._cache.get("alice") is None
     assert holding.search("alice", "parcel locker code") == []
     held_now = holding._cache.get("alice")
-    assert held_now is None or held_now.memories == []  # nothing of alice's is held after her erasure
+    assert held_now is not None
+    assert held_now.memories == []  # nothing of alice's is held after her erasure
     writer.close()
 
 
@@ -383,3 +389,13 @@ def test_reembedding_leaves_each_owner_their_own_memory_when_two_share_an_id(tmp
             assert hit.memory.content == f"{owner}'s secret"
     finally:
         store.close()
+
+
+def test_owners_of_no_memories_count_against_the_cache_budget() -> None:
+    """Every owner held costs something: an empty owner is not held without limit (nor at all with 0)."""
+    empty = held_rows([], np.zeros((0, 8), dtype=np.float32))
+    assert not OwnerCache(0).fits(0, 8)
+    cache = OwnerCache(3 * OWNER_BYTES)
+    for n in range(10):
+        cache.put(f"owner-{n}", empty, cache.generation)
+    assert sum(cache.get(f"owner-{n}") is not None for n in range(10)) == 3

@@ -7,9 +7,10 @@ indexed it yet. Here a word's weight comes from the memories the search may
 return (the owner's current memories, narrowed by the search's filters), so the
 same memories and query rank the same, whatever else the table holds.
 
-Words: NFKD-folded, case-folded runs of letters and digits of at most
-:data:`MAX_WORD` characters, the Snowball English stop words
-dropped, stemmed by the Snowball English stemmer (as LanceDB's ``FTS()`` does).
+Words: case-folded runs of letters, digits and the marks within words (accents of
+Latin letters folded away by NFKD) of at most :data:`MAX_WORD` characters, English
+stop words dropped, stemmed by the Snowball English stemmer (as LanceDB's ``FTS()``
+did). Stems are memoised per index, so that an owner's words go with their index.
 Scores: BM25 with ``k1`` = :data:`K1` and ``b`` = :data:`B`.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import unicodedata
 from bisect import bisect_left
 from collections import Counter
@@ -33,7 +35,8 @@ from statekeep.memory._types import Memory, SearchResult
 K1, B = 1.2, 0.75
 #: Longer runs of letters (a pasted key, a base64 blob) are not words.
 MAX_WORD = 40
-#: The Snowball English stop words (LanceDB's full-text index drops the same), contractions split.
+#: The English stop words LanceDB's full-text index dropped, contractions split into their parts
+#: (but "won", "don" and "let", which are words too: "who won", "Don").
 STOP_WORDS = frozenset(
     """
     i me my myself we our ours ourselves you your yours yourself yourselves he him his himself she her
@@ -42,45 +45,50 @@ STOP_WORDS = frozenset(
     ought a an the and but if or because as until while of at by for with about against between into
     through during before after above below to from up down in out on off over under again further then
     once here there when where why how all any both each few more most other some such no nor not only
-    own same so than too very s t can will just don ll m re ve d isn aren wasn weren hasn haven hadn
-    doesn didn won wouldn shan shouldn couldn mustn let
+    own same so than too very s t can will just ll m re ve d isn aren wasn weren hasn haven hadn
+    doesn didn wouldn shan shouldn couldn mustn
     """.split()  # noqa: SIM905 - 150 words read best as words
 )
-_WORD = re.compile(r"[^\W_]+")
 #: Combining marks left by NFKD (the accents of "café", "naïve"), dropped to fold to the base letter.
 _MARKS = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
-#: ASCII text: everything but letters and digits becomes a space (as ``_WORD`` splits it, faster).
+#: ASCII text: everything but letters and digits becomes a space (as ``_word`` splits it, faster).
 _ASCII_SPACES = str.maketrans({chr(c): " " for c in range(128) if not chr(c).isalnum()})
-_STEMS: dict[str, str] = {}
+
+
+@lru_cache(maxsize=1)
+def _word() -> re.Pattern[str]:
+    """Runs of letters, digits and the marks within words (the vowel signs of Devanagari, Tamil...)."""
+    marks = "".join(
+        chr(c) for c in range(0x80, sys.maxunicode + 1) if unicodedata.category(chr(c)) in ("Mn", "Mc", "Me")
+    )
+    return re.compile(f"(?:[^\\W_]|[{re.escape(marks)}])+")
 
 
 @lru_cache(maxsize=1)
 def _stemmer() -> Any:
     import Stemmer  # PyStemmer: the Snowball stemmers, compiled
 
-    return Stemmer.Stemmer("english")
+    stemmer = Stemmer.Stemmer("english")
+    stemmer.maxCacheSize = 0  # its own cache would keep words of erased memories; TextIndex memoises
+    return stemmer
 
 
-def _stemmed(tokens: list[str]) -> list[str]:
-    stems = _STEMS
-    if len(stems) > 200_000:  # a bound on the memo, not on what can be indexed
-        stems.clear()
+def words(text: str, stems: dict[str, str] | None = None) -> list[str]:
+    """The indexed words of ``text``, in order, repeats kept; ``stems`` memoises the stemmer."""
+    if text.isascii():
+        tokens = text.lower().translate(_ASCII_SPACES).split()
+    else:
+        tokens = _word().findall(_MARKS.sub("", unicodedata.normalize("NFKD", text.casefold())))
+    stems = {} if stems is None else stems
     out = []
     for token in tokens:
+        if len(token) > MAX_WORD or token in STOP_WORDS:
+            continue
         stem = stems.get(token)
         if stem is None:
             stem = stems[token] = str(_stemmer().stemWord(token))
         out.append(stem)
     return out
-
-
-def words(text: str) -> list[str]:
-    """The indexed words of ``text``, in order, repeats kept."""
-    if text.isascii():
-        tokens = text.lower().translate(_ASCII_SPACES).split()
-    else:
-        tokens = _WORD.findall(_MARKS.sub("", unicodedata.normalize("NFKD", text.casefold())))
-    return _stemmed([t for t in tokens if len(t) <= MAX_WORD and t not in STOP_WORDS])
 
 
 class TextIndex:
@@ -94,6 +102,8 @@ class TextIndex:
         #: word -> (memory positions, ascending; the word's count in each)
         self.postings: dict[str, tuple[list[int], list[int]]] = {}
         self.lengths: list[int] = []
+        #: the stems of the words seen, memoised with the index so that they go with it
+        self._stems: dict[str, str] = {}
         self._lengths_array: npt.NDArray[np.float64] = np.zeros(0)
         self.add(contents)
 
@@ -101,7 +111,7 @@ class TextIndex:
         """Index the next memories' contents."""
         for content in contents:
             position = len(self.lengths)
-            counts = Counter(words(content))
+            counts = Counter(words(content, self._stems))
             self.lengths.append(sum(counts.values()))
             for word, count in counts.items():
                 rows, tfs = self.postings.setdefault(word, ([], []))
@@ -122,7 +132,7 @@ class TextIndex:
             return scores
         lengths = self._lengths(n)
         average = float(lengths[searchable].mean()) or 1.0
-        for word in sorted(set(words(query))):  # a fixed order: the same sums to the last bit
+        for word in sorted(set(words(query, self._stems))):  # a fixed order: the same sums to the last bit
             posting = self.postings.get(word)
             if posting is None:
                 continue

@@ -31,6 +31,8 @@ from statekeep.memory.embedders import Vectors
 NEVER = np.iinfo(np.int64).max
 #: A rough size of one memory held as a Python object and its words indexed, besides its vector.
 ROW_BYTES = 2048
+#: A rough size of what holding an owner costs besides their rows (an owner of no memories too).
+OWNER_BYTES = 512
 
 
 class Words:
@@ -59,7 +61,7 @@ class OwnerRows:
     @property
     def nbytes(self) -> int:
         """About how much memory this takes."""
-        return int(self.matrix.nbytes) + ROW_BYTES * len(self.memories)
+        return OWNER_BYTES + int(self.matrix.nbytes) + ROW_BYTES * len(self.memories)
 
     words: Words = field(default_factory=lambda: Words(), compare=False)
 
@@ -141,7 +143,7 @@ class OwnerCache:
 
     def fits(self, rows: int, dimension: int) -> bool:
         """Whether an owner of ``rows`` memories could be held at all."""
-        return rows * (4 * dimension + ROW_BYTES) <= self.budget
+        return OWNER_BYTES + rows * (4 * dimension + ROW_BYTES) <= self.budget
 
     def put(self, owner: str, rows: OwnerRows, generation: int) -> None:
         """Hold ``rows`` read at ``generation``, unless a write dropped owners since; within the budget."""

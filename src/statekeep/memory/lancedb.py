@@ -92,6 +92,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         super().__init__(embedder, **kw)
         with requires("lancedb", "LanceDB memory"):
             import lancedb
+            import Stemmer  # noqa: F401 - full-text ranking (memory/_bm25.py) needs it at the first search
         check_int(exact_below, "exact_below")
         check_int(nprobes, "nprobes", minimum=1, maximum=100_000)
         check_int(cache_bytes, "cache_bytes")
@@ -236,9 +237,9 @@ class LanceDBMemoryStore(base.MemoryStore):
             full: rewrite the whole table even when it is laid out, so that each owner's
                 rows, spread over the files of many runs, are together again.
         """
-        self._writable()
         if not isinstance(full, bool):
             raise InvalidInputError("must be True or False", field="full")
+        self._writable()
         dataset = self._table.to_lance()
         version = dataset.version
         if dataset.count_rows():
@@ -276,6 +277,8 @@ class LanceDBMemoryStore(base.MemoryStore):
     ) -> list[SearchResult]:
         if self._dimension != vector.shape[0]:
             return []  # no vector of this model can be stored yet
+        if self.read_only and narrows(filters):  # else _held looks
+            self._latest()
         held = None if narrows(filters) else self._held(owner)
         if held is not None:
             return nearest(
@@ -300,19 +303,27 @@ class LanceDBMemoryStore(base.MemoryStore):
 
         return base.top_k(fetch, k)
 
+    def _latest(self) -> Any:
+        """A reader: the table's latest version, letting go of every owner held when it has moved."""
+        dataset = self._table.to_lance()
+        if dataset.version != self._read_version:  # another process committed
+            self._cache.drop()
+            self._read_version = dataset.version
+        return dataset
+
     def _held(self, owner: str) -> OwnerRows | None:
         """The owner's rows from the cache, read into it first when they fit; None when they do not."""
-        if self.read_only:  # another process writes: what was read holds only until its next version
-            version = self._table.version
-            if version != self._read_version:
-                self._cache.drop()
-                self._read_version = version
+        dataset = self._latest() if self.read_only else None
         held = self._cache.get(owner)
         if held is not None or not self._cache.fits(self._rows_of(owner), self._dimension):
             return held
         generation = self._cache.generation
-        table = self._table.search().where(where(owner)).select([*COLUMNS, "vector"])
-        table = table.limit(max(1, self._rows_of(owner))).to_arrow()
+        columns = [*COLUMNS, "vector"]
+        if dataset is not None:  # all of one version, read at once
+            table = dataset.to_table(columns=columns, filter=where(owner))
+        else:
+            table = self._table.search().where(where(owner)).select(columns)
+            table = table.limit(max(1, self._rows_of(owner))).to_arrow()
         held = owner_rows(table, self._dimension)
         self._cache.put(owner, held, generation)
         return held
@@ -345,6 +356,11 @@ class LanceDBMemoryStore(base.MemoryStore):
         return _bm25.ranked(_bm25.TextIndex(m.content for m in memories), memories, query, everything, k)
 
     def _rows(self, clause: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
+        if self.read_only:  # of one version: a count, then a read, could straddle another process's commit
+            rows: list[dict[str, Any]] = (
+                self._table.to_lance().to_table(columns=columns, filter=clause).to_pylist()
+            )
+            return rows
         q = self._table.search().where(clause)
         if columns:
             q = q.select(columns)
