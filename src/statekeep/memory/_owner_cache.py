@@ -1,12 +1,14 @@
-"""An owner's memories and vectors held in process, for the one writer of a LanceDB folder.
+"""An owner's memories, vectors and indexed words held in process by a LanceDB store.
 
 The folder lock makes a writing :class:`~statekeep.memory.LanceDBMemoryStore`
 the only writer, so what it read stays true until it writes: its writes of one
 owner's memories (new ones, superseded ones) are applied to that owner's held
-rows; other writes (erasure, expiry, re-embedding) let the owners go. A search with no narrowing filter
-then ranks the owner's rows with one matrix product instead of a scan of the
-table. The cache holds at most ``budget`` bytes, least recently searched owners
-leaving first; an owner bigger than that is never held and is searched in LanceDB.
+rows; other writes (erasure, expiry, re-embedding) let the owners go. A read-only
+store lets every owner go when another process has committed a new version. A
+search with no narrowing filter then ranks the owner's rows with one matrix
+product instead of a scan of the table, and a full-text search ranks words already
+counted (:mod:`._bm25`). The cache holds at most ``budget`` bytes, least recently
+searched owners leaving first; an owner bigger than that is never held.
 """
 
 from __future__ import annotations
