@@ -3,28 +3,14 @@
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
 
 import numpy as np
 import pytest
 
-from statekeep.memory import Memory, Provenance, _bm25
+from statekeep.memory import _bm25
 from statekeep.memory._bm25 import K1, B, TextIndex, _stemmer, ranked, words
 
-
-def memory(content: str, seq: int) -> Memory:
-    return Memory(
-        id=f"m{seq}",
-        owner="o",
-        content=content,
-        kind="semantic",
-        tags=(),
-        metadata={},
-        provenance=Provenance("user_supplied"),
-        model="m",
-        created_at=datetime(2026, 1, 1, tzinfo=UTC),
-        seq=seq,
-    )
+from .test_fusion import memory
 
 
 def test_words_are_folded_lowercased_stemmed_and_stop_words_dropped() -> None:
@@ -64,7 +50,7 @@ def test_scores_are_bm25_of_the_searched_memories_alone() -> None:
 
 def test_ranked_breaks_ties_by_content_then_write_order_and_keeps_every_tie_at_the_cut() -> None:
     contents = ["b apple", "a apple", "a apple", "c apple", "pear"]
-    memories = [memory(c, seq) for seq, c in enumerate(contents, start=1)]
+    memories = [memory(seq, c) for seq, c in enumerate(contents, start=1)]
     index = TextIndex(contents)
     hits = ranked(index, memories, "apple", np.ones(5, dtype=bool), k=3)
     expected = [("a apple", 2), ("a apple", 3), ("b apple", 1)]
