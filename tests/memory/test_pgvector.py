@@ -193,7 +193,7 @@ def test_a_search_is_one_round_trip_with_its_owner_and_settings_and_binary_vecto
     """
     from sqlalchemy import event
 
-    from statekeep.memory.pgvector import _Statement
+    from statekeep.memory._pg_pipeline import Statement as _Statement
 
     store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
     store.remember_many("alice", [f"alice fact {i} tea" for i in range(5)])

@@ -19,24 +19,14 @@
 from __future__ import annotations
 
 import functools
-import json
-import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 import numpy as np
-import psycopg
 import sqlalchemy as sa
-from pgvector.psycopg.vector import register_vector_info
-from psycopg import pq
-from psycopg.abc import Buffer
-from psycopg.adapt import Loader
-from psycopg.rows import dict_row
-from psycopg.types import TypeInfo
 from sqlalchemy.engine import Connection
 
 from statekeep._check import check_int
@@ -46,6 +36,7 @@ from statekeep.db.migrations import current_version
 from statekeep.errors import ConfigError, ErasureError, StorageError
 from statekeep.memory import _pgsql as q
 from statekeep.memory import base
+from statekeep.memory._pg_pipeline import Pipelined, Statement
 from statekeep.memory._rows import from_row, to_row, to_us
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Embedder, Vectors
@@ -56,43 +47,7 @@ NOT_REACHED = (
 )
 
 
-#: How long searches trust what they learnt of an owner's size (exact search, or the HNSW index).
-SIZE_HINT_SECONDS = 30.0
-
-
-@dataclass(frozen=True)
-class _Statement:
-    """One statement of a pipelined transaction: ``:name`` SQL, its parameters, run once or per row."""
-
-    sql: str
-    params: Mapping[str, Any] | Sequence[Mapping[str, Any]]
-    many: bool = False
-
-
-class _JsonbLoader(Loader):
-    """jsonb as psycopg loads it (``json.loads``), without its per-value detour through bytes detection.
-
-    A search decodes the metadata of every memory it returns; most of them hold
-    none (``{}``), and psycopg's loader spent more on those than on the rest of the row.
-    """
-
-    def load(self, data: Buffer) -> Any:
-        text = bytes(data).decode()
-        return {} if text == "{}" else json.loads(text)
-
-
-def _rows(cursor: psycopg.Cursor[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every row a cursor received (none for an ``executemany``)."""
-    rows: list[dict[str, Any]] = []
-    while True:
-        result = cursor.pgresult  # its status, not ``description``: that builds a Column per column
-        if result is not None and result.status == pq.ExecStatus.TUPLES_OK:
-            rows.extend(cursor.fetchall())
-        if not cursor.nextset():
-            return rows
-
-
-class PgVectorMemoryStore(base.MemoryStore):
+class PgVectorMemoryStore(Pipelined, base.MemoryStore):
     """Memories in PostgreSQL with pgvector; the production backend for many workers.
 
     Examples:
@@ -137,9 +92,9 @@ class PgVectorMemoryStore(base.MemoryStore):
                 exc, "setting up the memory tables (is the vector extension installed?)"
             ) from exc
         self._indexed: set[tuple[str, int]] = set()
-        self._vector_type: TypeInfo | None = None
-        self._binary: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
-        self._big: dict[str, tuple[bool, float]] = {}  # owner -> (searched through HNSW, when learnt)
+        self._vector_type = None
+        self._binary = weakref.WeakSet()
+        self._big = {}
         self._ensure_index(self.embedder.name, self.embedder.dimension)
 
     def _ensure_index(self, model: str, dimension: int) -> None:
@@ -153,112 +108,6 @@ class PgVectorMemoryStore(base.MemoryStore):
                 conn.exec_driver_sql(ddl)
                 q.statistics_off(conn)  # the new index's expression: never sampled into pg_statistic
         self._indexed.add((model, dimension))
-
-    def _driver(self, conn: Connection) -> psycopg.Connection[Any]:
-        """The psycopg connection under ``conn``, sending numpy vectors in pgvector's binary format."""
-        return self._binary_vectors(conn.connection.driver_connection)  # type: ignore[arg-type]
-
-    def _binary_vectors(self, raw: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
-        """``raw``, with pgvector's binary dumper registered for numpy vectors (once per connection)."""
-        if raw not in self._binary:
-            if self._vector_type is None:
-                self._vector_type = TypeInfo.fetch(raw, "vector")
-            register_vector_info(raw, self._vector_type)  # registers no loader we use; dumpers only
-            raw.adapters.register_loader("jsonb", _JsonbLoader)  # the same values, sooner
-            self._binary.add(raw)
-        return raw
-
-    @contextmanager
-    def _scoped(self, owner: str, *, write: bool = True) -> Iterator[Connection]:
-        """A transaction in which row-level security lets only ``owner``'s rows through."""
-        what = f"{'writing' if write else 'reading'} memories of {owner!r}"
-        with self.db.begin(what) if write else self.db.read(what) as conn:
-            self._driver(conn)
-            conn.execute(sa.text(f"SELECT set_config('{q.OWNER_SETTING}', :o, true)"), {"o": owner})
-            yield conn
-
-    def _run(
-        self, owner: str, statements: list[_Statement], *, write: bool, search: bool = False
-    ) -> list[list[dict[str, Any]]]:
-        """Run statements in one transaction scoped to ``owner``, in one round trip; return their rows.
-
-        The owner setting (row-level security lets only its rows through) and, for a
-        search, the planner settings open the transaction in one ``set_config``
-        statement; the statements and the commit follow in the same psycopg pipeline.
-        A read of one statement needs no ``BEGIN`` and ``COMMIT``: the statements of a
-        pipeline up to its sync are one transaction, and one statement sees one snapshot.
-        A search sets: custom plans always (a generic plan of a prepared statement
-        neither prunes partitions at plan time nor uses the index well); HNSW iterative
-        scans, so filters cannot shrink the result; and, for an owner at least
-        ``exact_below`` big, no sort of every row (ORDER BY ... LIMIT through the index).
-        """
-        settings = {q.OWNER_SETTING: owner}
-        if search:
-            settings |= {
-                "plan_cache_mode": "force_custom_plan",
-                "hnsw.iterative_scan": "relaxed_order",
-                "hnsw.ef_search": str(self.ef_search),
-            }
-            if self._is_big(owner):
-                settings["enable_sort"] = "off"
-        what = f"{'writing' if write else 'reading'} memories of {owner!r}"
-        try:
-            with self._pooled(what) as raw:
-                cursors = []
-                # psycopg would sync after its own BEGIN and again after COMMIT: send both ourselves,
-                # queued with the statements, so that the pipeline's one sync is the one round trip
-                raw.autocommit = True
-                explicit = write or len(statements) > 1  # else the sync ends the (implicit) transaction
-                try:
-                    with raw.pipeline():
-                        if explicit:
-                            raw.execute(q.BEGIN_WRITE if write else q.BEGIN_READ)
-                        values = {f"s{i}": v for i, v in enumerate(settings.values())}
-                        raw.execute(q.settings_sql(tuple(settings)), values)
-                        for statement in statements:
-                            cursor = raw.cursor(row_factory=dict_row)
-                            sql = q.pyformat(statement.sql)
-                            if statement.many:
-                                # without returning: fetching rows mid-pipeline would wait for them
-                                cursor.executemany(sql, statement.params)
-                            else:
-                                cursor.execute(sql, statement.params)
-                            cursors.append(cursor)
-                        if explicit:
-                            raw.execute("COMMIT")
-                finally:
-                    if raw.info.transaction_status != pq.TransactionStatus.IDLE:
-                        raw.rollback()  # a statement failed: the rest was skipped, the transaction aborted
-                    raw.autocommit = False  # as the pool hands connections out
-                return [_rows(cursor) for cursor in cursors]
-        except psycopg.Error as exc:
-            raise storage_error(exc, what) from exc
-
-    @contextmanager
-    def _pooled(self, what: str) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled psycopg connection, without SQLAlchemy's transaction: :meth:`_run` sends its own."""
-        try:
-            pooled = self.db.engine.raw_connection()  # checked out (and pinged if idle) as db.begin does
-        except sa.exc.DBAPIError as exc:
-            raise storage_error(exc, what) from exc
-        try:
-            yield self._binary_vectors(pooled.driver_connection)  # type: ignore[arg-type]
-        finally:
-            pooled.close()  # back to the pool, which rolls back whatever is left open
-
-    def _is_big(self, owner: str) -> bool:
-        """Whether the owner has at least ``exact_below`` memories (learnt at most SIZE_HINT_SECONDS ago).
-
-        Only the plan depends on it (exact, or through the index), never which rows may be seen.
-        """
-        hint = self._big.get(owner)
-        if hint is None or time.monotonic() - hint[1] > SIZE_HINT_SECONDS:
-            count = _Statement(q.BOUNDED_COUNT, {"owner": owner, "n": self.exact_below})
-            rows = self._run(owner, [count], write=False)[0]
-            if len(self._big) > 10_000:
-                self._big.clear()
-            hint = self._big[owner] = (int(rows[0]["count"]) >= self.exact_below, time.monotonic())
-        return hint[0]
 
     def grant(self, role: str) -> None:
         """Let ``role`` (a worker's login role) use the memory store, under row-level security.
@@ -308,19 +157,19 @@ class PgVectorMemoryStore(base.MemoryStore):
         self._ensure_index(self.embedder.name, vectors.shape[1])
         owner = memories[0].owner
         rows = [{**to_row(m), "embedding": v} for m, v in zip(memories, vectors, strict=True)]
-        statements = [_Statement(q.INSERT, rows, many=True)]
+        statements = [Statement(q.INSERT, rows, many=True)]
         if supersedes is not None:  # one memory: inserted only if the old one is marked by it
-            statements = [_Statement(q.INSERT_SUPERSEDING, {**rows[0], "supersedes": supersedes})]
+            statements = [Statement(q.INSERT_SUPERSEDING, {**rows[0], "supersedes": supersedes})]
         if unless_same is not None:  # concurrent writers of one identity take turns, each checking anew
             keys = sorted({q.identity_lock(owner, r["dedupe_key"]) for r in rows})
             now_us = to_us(unless_same)
             statements = [
-                _Statement(q.LOCK_IDENTITIES, {"keys": keys}),
-                _Statement(q.INSERT_UNLESS_SAME, [{**r, "now_us": now_us} for r in rows], many=True),
+                Statement(q.LOCK_IDENTITIES, {"keys": keys}),
+                Statement(q.INSERT_UNLESS_SAME, [{**r, "now_us": now_us} for r in rows], many=True),
             ]
         # the write order the column's default gave (none for a memory not inserted)
         seqs_at = len(statements)
-        statements.append(_Statement(q.SEQS, {"owner": owner, "ids": [m.id for m in memories]}))
+        statements.append(Statement(q.SEQS, {"owner": owner, "ids": [m.id for m in memories]}))
         seqs = {r["id"]: int(r["seq"]) for r in self._run(owner, statements, write=True)[seqs_at]}
         return [replace(m, seq=seqs[m.id]) if m.id in seqs else None for m in memories]
 
@@ -329,26 +178,26 @@ class PgVectorMemoryStore(base.MemoryStore):
 
     def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
         found: dict[str, Memory] = {}
-        same = _Statement(q.SAME, {"owner": owner, "keys": identities, "now_us": to_us(now)})
+        same = Statement(q.SAME, {"owner": owner, "keys": identities, "now_us": to_us(now)})
         for r in self._run(owner, [same], write=False)[0]:
             found.setdefault(r["dedupe_key"], from_row(r))
         return found
 
     def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
-        self._run(owner, [_Statement(q.MARK, {"s": successor, "owner": owner, "id": memory_id})], write=True)
+        self._run(owner, [Statement(q.MARK, {"s": successor, "owner": owner, "id": memory_id})], write=True)
 
     # --- reads ----------------------------------------------------------------------------
 
     def _nearest_statement(
         self, owner: str, vector: Vectors, n: int, filters: Filters, now: datetime, *, exact: bool
-    ) -> _Statement:
+    ) -> Statement:
         clause, params = q.scope_where(to_us(now), filters)
         sql = q.nearest_sql(self.embedder.name, vector.shape[0], clause, exact=exact)
-        return _Statement(sql, {**params, "owner": owner, "q": vector, "k": n})
+        return Statement(sql, {**params, "owner": owner, "q": vector, "k": n})
 
-    def _text_statement(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> _Statement:
+    def _text_statement(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> Statement:
         clause, params = q.scope_where(to_us(now), filters)
-        return _Statement(q.text_sql(clause), {**params, "owner": owner, "query": query, "k": k})
+        return Statement(q.text_sql(clause), {**params, "owner": owner, "query": query, "k": k})
 
     @staticmethod
     def _neighbours(rows: list[dict[str, Any]]) -> list[SearchResult]:
@@ -388,7 +237,7 @@ class PgVectorMemoryStore(base.MemoryStore):
         clause, params = q.scope_where(to_us(now), None)
         sql = q.nearest_each_sql(self.embedder.name, vectors.shape[1], clause)
         found: list[SearchResult | None] = [None] * len(vectors)
-        statement = _Statement(sql, {**params, "owner": owner, "vs": list(vectors)})
+        statement = Statement(sql, {**params, "owner": owner, "vs": list(vectors)})
         for r in self._run(owner, [statement], write=False, search=True)[0]:
             found[int(r["i"]) - 1] = SearchResult(from_row(r), 1.0 - float(r["distance"]))
         return found
@@ -400,7 +249,7 @@ class PgVectorMemoryStore(base.MemoryStore):
 
     def _select(self, owner: str, extra: str, params: dict[str, Any]) -> list[Memory]:
         sql = f"SELECT {q.SELECT_COLUMNS} FROM {q.TABLE} WHERE owner = :owner {extra}"
-        rows = self._run(owner, [_Statement(sql, {**params, "owner": owner})], write=False)[0]
+        rows = self._run(owner, [Statement(sql, {**params, "owner": owner})], write=False)[0]
         return [from_row(r) for r in rows]
 
     def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:
