@@ -43,7 +43,7 @@ import numpy as np
 
 from bench import _datasets as data
 from bench.memory import fresh_postgres, postgres_admin
-from statekeep.memory import MemoryInput, MemoryStore, Provenance, SentenceTransformerEmbedder
+from statekeep.memory import MemoryInput, MemoryStore, Provenance, SearchMode, SentenceTransformerEmbedder
 from statekeep.memory._ranking import fuse
 from statekeep.memory._types import Filters
 
@@ -198,11 +198,11 @@ def latency(
         questions = ds.questions[:LATENCY_QUERIES]
         out: dict[str, Any] = {"rows": len(turns), "queries": len(questions)}
 
-        def p50(mode: Any) -> float:
+        def p50(mode: SearchMode) -> float:
             times = []
             for q in questions:
                 start = time.perf_counter()
-                store.search("latency", q.text, k=10, mode=mode, vector=qvecs[q.id].tolist())
+                store.search("latency", q.text, k=10, mode=mode, vector=qvecs[q.id])  # type: ignore[arg-type]
                 times.append(time.perf_counter() - start)
             return round(float(np.median(times)) * 1000, 2)
 

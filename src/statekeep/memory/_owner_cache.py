@@ -37,13 +37,6 @@ ROW_BYTES = 2048
 OWNER_BYTES = 512
 
 
-class Words:
-    """The one text index that successive snapshots of an owner's rows share (None until searched)."""
-
-    def __init__(self) -> None:
-        self.index: TextIndex | None = None
-
-
 @dataclass(frozen=True)
 class OwnerRows:
     """Every stored memory of one owner (current or not), its vectors, and the columns that filter them."""
@@ -65,7 +58,8 @@ class OwnerRows:
         """About how much memory this takes."""
         return OWNER_BYTES + int(self.matrix.nbytes) + ROW_BYTES * len(self.memories)
 
-    words: Words = field(default_factory=lambda: Words(), compare=False)
+    #: shared by the later snapshots of the owner; empty until the first full-text search
+    words: TextIndex = field(default_factory=TextIndex, compare=False)
 
     def current(self, filters: Filters, now: datetime, model: str) -> npt.NDArray[np.bool_]:
         """The mask of rows a vector search may return: current, unexpired, by ``model`` (merged if asked)."""
@@ -90,9 +84,7 @@ class OwnerRows:
         Later snapshots of the owner (:meth:`extended`, :meth:`superseding`) share the
         index: they hold the same memories in the same order, and new ones after them.
         """
-        if self.words.index is None:
-            self.words.index = TextIndex()
-        index = self.words.index
+        index = self.words
         if len(index.lengths) < len(self.memories):
             index.add(m.content for m in self.memories[len(index.lengths) :])
         return index

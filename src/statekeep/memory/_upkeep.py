@@ -102,13 +102,13 @@ class Upkeep(MemoryBackend):
     def optimize(self, *, full: bool = False) -> None:
         """Bring the store's files and statistics up to date after bulk loads; search answers as before.
 
-        (Except the approximate neighbours of a PostgreSQL owner big enough to be searched
-        through the HNSW index, which may differ between any two plans of a search.)
-
-        LanceDB lays out what was written since the last run by owner and indexes it;
+        LanceDB lays out what was written since the last run by owner and indexes it
+        (call it after bulk loads and from time to time: each write adds a file);
         PostgreSQL vacuums and analyzes the memory table (``VACUUM (ANALYZE)``), as its
         documentation asks after a bulk load and autovacuum does some time later; the
-        in-memory store has nothing to do.
+        in-memory store has nothing to do. Results stay the same, except the
+        approximate neighbours of a PostgreSQL owner big enough to be searched through
+        the HNSW index, which may differ between any two plans of a search.
 
         Args:
             full: rewrite everything, not just what changed (LanceDB: the whole table,

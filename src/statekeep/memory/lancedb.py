@@ -219,11 +219,10 @@ class LanceDBMemoryStore(base.MemoryStore):
         self._cache.update(owner, lambda rows: rows.superseding(memory_id, successor))
 
     @_lock.one_at_a_time("optimizing")
-    def optimize(self, *, full: bool = False) -> None:
+    def _optimize(self, full: bool) -> None:
         """Lay the memories out by owner in small files and index them by owner.
 
-        Call it after bulk loads and from time to time (each write adds a file). It
-        lays out what was written since its last run: those rows grouped by owner
+        It lays out what was written since its last run: those rows grouped by owner
         in new files of at most 512 rows, indexed in new segments of the owner
         index; files where an update or an erasure deleted rows are rewritten one
         at a time. Every other file is left as it was, so its cost
@@ -233,12 +232,9 @@ class LanceDBMemoryStore(base.MemoryStore):
         drops: vector search is exact) is rewritten whole. Then erasing an owner
         rewrites only the files that hold its rows and their index segments.
 
-        Args:
-            full: rewrite the whole table even when it is laid out, so that each owner's
-                rows, spread over the files of many runs, are together again.
+        ``full``: rewrite the whole table even when it is laid out, so that each owner's
+        rows, spread over the files of many runs, are together again.
         """
-        if not isinstance(full, bool):
-            raise InvalidInputError("must be True or False", field="full")
         self._writable()
         dataset = self._table.to_lance()
         version = dataset.version
@@ -313,17 +309,13 @@ class LanceDBMemoryStore(base.MemoryStore):
 
     def _held(self, owner: str) -> OwnerRows | None:
         """The owner's rows from the cache, read into it first when they fit; None when they do not."""
-        dataset = self._latest() if self.read_only else None
+        if self.read_only:
+            self._latest()
         held = self._cache.get(owner)
         if held is not None or not self._cache.fits(self._rows_of(owner), self._dimension):
             return held
         generation = self._cache.generation
-        columns = [*COLUMNS, "vector"]
-        if dataset is not None:  # all of one version, read at once
-            table = dataset.to_table(columns=columns, filter=where(owner))
-        else:
-            table = self._table.search().where(where(owner)).select(columns)
-            table = table.limit(max(1, self._rows_of(owner))).to_arrow()
+        table = self._table.to_lance().to_table(columns=[*COLUMNS, "vector"], filter=where(owner))
         held = owner_rows(table, self._dimension)
         self._cache.put(owner, held, generation)
         return held
@@ -356,15 +348,15 @@ class LanceDBMemoryStore(base.MemoryStore):
         return _bm25.ranked(_bm25.TextIndex(m.content for m in memories), memories, query, everything, k)
 
     def _rows(self, clause: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
-        if self.read_only:  # of one version: a count, then a read, could straddle another process's commit
-            rows: list[dict[str, Any]] = (
-                self._table.to_lance().to_table(columns=columns, filter=clause).to_pylist()
-            )
-            return rows
-        q = self._table.search().where(clause)
-        if columns:
-            q = q.select(columns)
-        return list(q.limit(self._table.count_rows(clause) or 1).to_list())
+        """The rows ``clause`` selects, all read from one version of the table.
+
+        (Not a count, then a search limited to it: another process's commit could
+        fall between them and cut rows off.)
+        """
+        rows: list[dict[str, Any]] = (
+            self._table.to_lance().to_table(columns=columns, filter=clause).to_pylist()
+        )
+        return rows
 
     @_lock.one_at_a_time("reading a memory")
     def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:

@@ -283,9 +283,7 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
     def _rewrite(self, partitions: list[str], owner: str) -> None:
         """``VACUUM FULL`` writes each partition, its TOAST and its indexes to new files."""
         try:
-            with self.db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                for partition in partitions:
-                    conn.exec_driver_sql(f"VACUUM (FULL) {partition}")
+            self._vacuum([f"VACUUM (FULL) {partition}" for partition in partitions])
         except sa.exc.SQLAlchemyError as exc:
             reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
             raise ErasureError(owner, "VACUUM FULL", reason) from exc
@@ -298,11 +296,16 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         """
         command = f"VACUUM ({'FULL, ' if full else ''}ANALYZE) {q.TABLE}"
         try:
-            with self.db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                conn.exec_driver_sql(command)
+            self._vacuum([command])
         except sa.exc.SQLAlchemyError as exc:
             raise storage_error(exc, f"optimizing the memories ({command})") from exc
         self._big.clear()
+
+    def _vacuum(self, commands: list[str]) -> None:
+        """Run ``VACUUM`` commands, which cannot run inside a transaction, on a connection of their own."""
+        with self.db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            for command in commands:
+                conn.exec_driver_sql(command)
 
     def _sees_every_owner(self, conn: Connection, what: str) -> None:
         """Refuse to work across owners as a role that row-level security confines.
