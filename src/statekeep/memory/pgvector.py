@@ -116,11 +116,11 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         neither: then the database itself refuses another owner's rows.
         """
         ident = self.db.engine.dialect.identifier_preparer.quote(role)
-        parts = [f"{q.TABLE}_p{i}" for i in range(q.PARTITIONS)]
+        parts = [f"{table}_p{i}" for table in (q.TABLE, q.WORDS) for i in range(q.PARTITIONS)]
         with self.db.begin() as conn:
             conn.exec_driver_sql(f"GRANT USAGE ON SCHEMA {q.SCHEMA} TO {ident}")
             conn.exec_driver_sql(f"GRANT SELECT ON {q.SCHEMA}.memory_migrations TO {ident}")
-            conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {q.TABLE} TO {ident}")
+            conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {q.TABLE}, {q.WORDS} TO {ident}")
             conn.exec_driver_sql(f"GRANT USAGE ON SEQUENCE {q.SEQUENCE} TO {ident}")
             conn.exec_driver_sql(f"GRANT MAINTAIN ON {', '.join(parts)} TO {ident}")
 
@@ -167,9 +167,11 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
                 Statement(q.LOCK_IDENTITIES, {"keys": keys}),
                 Statement(q.INSERT_UNLESS_SAME, [{**r, "now_us": now_us} for r in rows], many=True),
             ]
+        ids = [m.id for m in memories]
+        statements.append(Statement(q.COUNT_WRITTEN, {"owner": owner, "ids": ids}))
         # the write order the column's default gave (none for a memory not inserted)
         seqs_at = len(statements)
-        statements.append(Statement(q.SEQS, {"owner": owner, "ids": [m.id for m in memories]}))
+        statements.append(Statement(q.SEQS, {"owner": owner, "ids": ids}))
         seqs = {r["id"]: int(r["seq"]) for r in self._run(owner, statements, write=True)[seqs_at]}
         return [replace(m, seq=seqs[m.id]) if m.id in seqs else None for m in memories]
 
@@ -272,10 +274,12 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
             )
             removed = [r.id for r in deleted]
             q.clear_statistics(conn, partition)
-        self._rewrite([partition], owner)
+        words = q.words_partition(partition)
+        self._rewrite([partition, words], owner)
         self._big.pop(owner, None)
         locations = [
             f"{partition}: heap, TOAST and every index rewritten (VACUUM FULL)",
+            f"{words}: the owner's count of memories per word, rewritten the same way",
             f"{partition}: no pg_statistic row of its index expressions",
         ]
         return removed, locations, list(NOT_REACHED)
@@ -291,10 +295,10 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
     def _optimize(self, full: bool) -> None:
         """``VACUUM (ANALYZE)``: planner statistics and a visibility map for what was just written.
 
-        Until autovacuum visits a freshly loaded table, the planner guesses its sizes and
-        counting an owner's memories (which every full-text search does) reads the heap.
+        Until autovacuum visits a freshly loaded table, the planner guesses its sizes, and
+        reading an owner's part of an index also reads the heap, to learn what is visible.
         """
-        command = f"VACUUM ({'FULL, ' if full else ''}ANALYZE) {q.TABLE}"
+        command = f"VACUUM ({'FULL, ' if full else ''}ANALYZE) {q.TABLE}, {q.WORDS}"
         try:
             self._vacuum([command])
         except sa.exc.SQLAlchemyError as exc:
@@ -329,7 +333,8 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
             self._sees_every_owner(conn, "purge_expired")
             parts = [r.part for r in conn.execute(sa.text(sql), {"now_us": to_us(now)})]
         if parts:
-            self._rewrite(sorted(set(parts)), "(expired)")
+            partitions = sorted(set(parts))
+            self._rewrite(partitions + [q.words_partition(p) for p in partitions], "(expired)")
         return len(parts)
 
     # --- re-embedding ---------------------------------------------------------------------

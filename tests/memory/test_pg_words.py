@@ -1,0 +1,147 @@
+"""PostgreSQL's count of each owner's memories per word (full-text search's common words).
+
+Writes add to the counts and a trigger takes deleted memories away (migration 5);
+full-text search reads them instead of counting. Each test compares them with a recount of
+the memories themselves.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from datetime import timedelta
+
+import psycopg
+
+from statekeep.db import Database, upgrade
+from statekeep.memory import FakeEmbedder
+from statekeep.memory import _pgsql as q
+from statekeep.memory.pgvector import PgVectorMemoryStore
+from tests.memory.conftest import Clock
+from tests.memory.test_pgvector import libpq
+
+Counts = dict[tuple[str, str], int]
+
+KEPT = f"SELECT owner, word, memories FROM {q.WORDS}"
+RECOUNT = (
+    "SELECT owner, word, count(*) FROM (SELECT owner, unnest(tsvector_to_array(tsv) || '{\"\"}') AS word "
+    f"FROM {q.TABLE}) AS s GROUP BY owner, word"
+)
+
+
+def counts(url: str) -> tuple[Counts, Counts]:
+    """The counts the triggers kept, and a recount of the memories (as the superuser: every owner)."""
+    with psycopg.connect(libpq(url)) as conn:
+        kept = {(o, w): n for o, w, n in conn.execute(KEPT)}
+        recounted = {(o, w): n for o, w, n in conn.execute(RECOUNT)}
+    return kept, recounted
+
+
+def assert_exact(url: str) -> Counts:
+    kept, recounted = counts(url)
+    assert kept == recounted
+    return kept
+
+
+def test_word_counts_follow_every_write_and_erasure(postgres_url: str) -> None:
+    """Writes, duplicates, supersedes, one memory forgotten, expiry purged, an owner forgotten."""
+    clock = Clock()
+    store = PgVectorMemoryStore(postgres_url, FakeEmbedder(), clock=clock)
+    tea = store.remember_many("alice", ["Alice drinks green tea", "Alice walks her dog", "tea and toast"])[0]
+    store.remember("bob", "Bob drinks coffee")
+    kept = assert_exact(postgres_url)
+    assert kept[("alice", "tea")] == 2
+    assert kept[("alice", "")] == 3
+    assert kept[("bob", "drink")] == 1
+    assert ("bob", "tea") not in kept  # counts are per owner
+
+    again = store.remember("alice", "alice drinks green TEA")  # the same text: nothing stored
+    assert again.dedupe is not None
+    assert assert_exact(postgres_url) == kept
+
+    store.supersede("alice", tea.id, "Alice drinks black tea")  # the old memory stays, superseded
+    kept = assert_exact(postgres_url)
+    assert kept[("alice", "tea")] == 3
+    assert kept[("alice", "black")] == 1
+
+    store.remember("alice", "a parcel arrives at noon", ttl=timedelta(hours=1))
+    assert assert_exact(postgres_url)[("alice", "parcel")] == 1
+    clock.now += timedelta(hours=2)
+    assert store.purge_expired() == 1
+    kept = assert_exact(postgres_url)
+    assert ("alice", "parcel") not in kept  # a word no memory holds any more has no row
+    assert ("alice", "noon") not in kept
+
+    store.forget_one("alice", tea.id)
+    kept = assert_exact(postgres_url)
+    assert ("alice", "green") not in kept
+    assert kept[("alice", "")] == 3
+
+    store.forget("alice")
+    kept = assert_exact(postgres_url)
+    assert {o for o, _ in kept} == {"bob"}
+    store.close()
+
+
+def test_writers_of_one_owner_at_once_keep_exact_counts_and_never_deadlock(postgres_url: str) -> None:
+    """Four workers write and forget one owner's memories at once, with the same words in any order.
+
+    Each write and each forget updates the word rows its memories hold: were they taken in
+    another order than (owner, word), with the owner's count first, two writers would
+    wait on each other's rows and one would be killed as a deadlock.
+    """
+    vocabulary = [f"word{i}" for i in range(40)]
+    workers = [PgVectorMemoryStore(postgres_url, FakeEmbedder()) for _ in range(4)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(workers))
+
+    def work(n: int) -> None:
+        rng = random.Random(n)
+        try:
+            barrier.wait()
+            for r in range(12):
+                texts = [" ".join(rng.sample(vocabulary, 12)) + f" w{n}r{r}m{j}" for j in range(6)]
+                written = workers[n].remember_many("alice", texts)
+                if r % 4 == 3:
+                    workers[n].forget_one("alice", written[0].id)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(len(workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    kept = assert_exact(postgres_url)
+    assert kept[("alice", "")] == len(workers) * 12 * 6 - len(workers) * 3
+    for worker in workers:
+        worker.close()
+
+
+def test_a_store_of_schema_4_gets_the_counts_of_its_memories(postgres_url: str) -> None:
+    """Memories written before migration 5 are counted by it, and full-text search leaves out their
+    common words: "alice" is in every memory of hers, so it finds only the memories about tea."""
+    db = Database(postgres_url)
+    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:4])
+    db.dispose()
+    with psycopg.connect(libpq(postgres_url)) as conn:
+        vector = "[" + ",".join(["0.125"] * 64) + "]"
+        texts = ["Alice drinks tea", "Alice has a dog"] + [f"Alice went to place {i}" for i in range(12)]
+        for i, text in enumerate(texts):
+            conn.execute(
+                f"INSERT INTO {q.TABLE} (owner, id, content, kind, source, trust, model, created_us, "
+                "embedding, dedupe_key) VALUES ('alice', %s, %s, 'semantic', 'imported', 0.5, "
+                "'fake-hash-64', %s, CAST(%s AS vector), %s)",
+                (f"m{i}", text, i, vector, text.lower()),
+            )
+        assert conn.execute(f"SELECT to_regclass('{q.WORDS}')").fetchone() == (None,)
+    store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
+    kept = assert_exact(postgres_url)
+    assert kept[("alice", "")] == 14
+    assert kept[("alice", "alic")] == 14
+    found = [r.memory.content for r in store.search("alice", "What does Alice drink? Tea?", mode="text")]
+    assert found == ["Alice drinks tea"]
+    store.remember("alice", "Alice likes tea")
+    assert assert_exact(postgres_url)[("alice", "tea")] == 2
+    store.close()
