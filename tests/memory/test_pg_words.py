@@ -145,3 +145,31 @@ def test_a_store_of_schema_4_gets_the_counts_of_its_memories(postgres_url: str) 
     store.remember("alice", "Alice likes tea")
     assert assert_exact(postgres_url)[("alice", "tea")] == 2
     store.close()
+
+
+def test_a_worker_role_granted_before_migration_5_keeps_working_through_it(postgres_url: str) -> None:
+    """A role given ``grant`` at schema 4 writes, searches and erases after the upgrade, not granted again."""
+    import uuid
+
+    from sqlalchemy.engine import make_url
+
+    db = Database(postgres_url)
+    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:4])
+    db.dispose()
+    role = f"worker_{uuid.uuid4().hex[:8]}"
+    parts = ", ".join(f"{q.TABLE}_p{i}" for i in range(q.PARTITIONS))
+    with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:  # what grant() gave at schema 4
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw' NOSUPERUSER NOBYPASSRLS")
+        conn.execute(f"GRANT USAGE ON SCHEMA {q.SCHEMA} TO {role}")
+        conn.execute(f"GRANT SELECT ON {q.SCHEMA}.memory_migrations TO {role}")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {q.TABLE} TO {role}")
+        conn.execute(f"GRANT USAGE ON SEQUENCE {q.SEQUENCE} TO {role}")
+        conn.execute(f"GRANT MAINTAIN ON {parts} TO {role}")
+    PgVectorMemoryStore(postgres_url, FakeEmbedder()).close()  # the tables' owner upgrades
+    worker_url = make_url(postgres_url).set(username=role, password="pw").render_as_string(False)
+    worker = PgVectorMemoryStore(worker_url, FakeEmbedder())
+    worker.remember_many("alice", ["Alice drinks tea", "Alice has a dog"])
+    assert [r.memory.content for r in worker.search("alice", "tea", mode="text")] == ["Alice drinks tea"]
+    assert worker.forget("alice").removed == 2
+    assert assert_exact(postgres_url) == {}
+    worker.close()

@@ -264,11 +264,33 @@ def _count_words(conn: Connection) -> None:
         f"INSERT INTO {WORDS} (owner, word, memories) SELECT owner, word, count(*) "
         f"FROM (SELECT owner, {_WORDS_OF} FROM {TABLE}) AS s GROUP BY owner, word"
     )
+    _grant_like_memories(conn)
     conn.exec_driver_sql(_COUNT_REMOVED)
     conn.exec_driver_sql(
         f"CREATE TRIGGER count_removed_words AFTER DELETE ON {TABLE} REFERENCING OLD TABLE AS removed "
         f"FOR EACH STATEMENT EXECUTE FUNCTION {SCHEMA}.count_removed_words()"
     )
+
+
+#: The roles given privileges on a table (its owner's own left out), quoted, and whether one holds ``what``.
+_GRANTEES = """SELECT quote_ident(CAST(CAST(a.grantee AS regrole) AS text)) AS role,
+    bool_or(a.privilege_type = :what) AS holds
+  FROM pg_class c, aclexplode(c.relacl) AS a
+  WHERE c.oid = CAST(:t AS regclass) AND a.grantee NOT IN (0, c.relowner) GROUP BY a.grantee"""
+
+
+def _grant_like_memories(conn: Connection) -> None:
+    """Give each worker role that ``grant`` let use the memories the same use of ``WORDS``, so that
+    workers keep working through the upgrade (searches read it, writes and erasure change it)."""
+    params = {"t": TABLE, "what": "INSERT"}
+    for role in conn.execute(sa.text(_GRANTEES), params).all():
+        if role.holds:
+            conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {WORDS} TO {role.role}")
+    params = {"t": f"{TABLE}_p0", "what": "MAINTAIN"}  # erasure's VACUUM FULL (PostgreSQL 17 and later)
+    for role in conn.execute(sa.text(_GRANTEES), params).all():
+        if role.holds:
+            parts = ", ".join(f"{WORDS}_p{i}" for i in range(PARTITIONS))
+            conn.exec_driver_sql(f"GRANT MAINTAIN ON {parts} TO {role.role}")
 
 
 MIGRATIONS = [
