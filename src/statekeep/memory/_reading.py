@@ -69,9 +69,10 @@ class Reading(MemoryBackend):
         and scores long memories down by their length (see
         :mod:`statekeep.memory._ranking`); ``"vector"`` ranks by meaning alone
         (score = cosine), ``"text"`` by full-text relevance alone. Superseded
-        and expired memories, and memories embedded by another model, are never
-        returned; memories merged into another (``dedupe="similar"``) only with
-        ``include_merged=True``. ``sessions`` keeps the memories of those sessions
+        and expired memories are never returned; memories merged into another
+        (``dedupe="similar"``) only with ``include_merged=True``. A memory
+        embedded by another model than this store's is ranked by full text only,
+        until :meth:`reembed` embeds it again. ``sessions`` keeps the memories of those sessions
         (``provenance.session_id``); the other filters are on kind, tags, creation
         time, source and trust. Pass ``vector`` to reuse a query embedding already computed with this store's
         embedder. Ties in score are broken by content, then write order, so the
