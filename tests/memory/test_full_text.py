@@ -78,3 +78,18 @@ def test_any_query_text_is_searched_as_words(chat: MemoryStore, query: str) -> N
         assert all(h.memory.owner == "c" for h in hits)
     if "O'Brien" in query:
         assert chat.search("c", query, k=1, mode="text")[0].memory.content == CHAT[2]
+
+
+@pytest.mark.parametrize("make_store", BACKENDS, indirect=True)
+def test_a_rare_word_of_the_query_outweighs_a_frequent_one(make_store: StoreFactory) -> None:
+    """The word "garden" is in 9 of 100 memories (not common enough to be left out), "orchid" in one: the
+    memory with the rare word ranks first, though the other says "garden" twice in fewer words."""
+    store = make_store()
+    twice = "user: I water the garden daily; the garden is big."
+    rare = "user: An orchid bloomed on the windowsill this morning, pale pink and white."
+    memories = [twice, rare, *(f"user: The garden party on day {n}." for n in range(8))]
+    memories += [f"user: Day {n} of my pottery course, bowl number {n}." for n in range(90)]
+    store.remember_many("g", memories)
+    hits = store.search("g", "orchid garden", k=3, mode="text")
+    assert [h.memory.content for h in hits[:2]] == [rare, twice]
+    assert hits[0].score > hits[1].score

@@ -109,14 +109,16 @@ REPLY = (
     "with a little more cream holds up better against the ice. Try one new coffee creamer each week, keep "
     "notes on what you liked, and soon you will have a favourite. Enjoy experimenting with your coffee!"
 )
-SAID = "user: I have started making my own coffee creamer at home, with almond milk, vanilla and honey."
+SAID = "user: I have started making homemade coffee creamer, with almond milk, vanilla and honey."
 
 
 @pytest.mark.parametrize("make_store", ["lancedb", "pgvector"], indirect=True)
 def test_the_statement_that_answers_outranks_a_long_reply_on_its_topic(make_store: StoreFactory) -> None:
     """A short user statement and a long assistant reply full of the query's words, with the real
-    embedder and each backend's full text: the prior puts the reply after the statement (on PostgreSQL
-    the reply is first without it; LanceDB's BM25 already ranks it second)."""
+    embedder and each backend's full text: the prior puts the reply after the statement. (A statement
+    without the query's rarest word, "homemade", stays behind the reply on PostgreSQL even with the
+    prior: its full text weighs that word most, and the statement's text score is then a third of the
+    reply's; on LanceDB, half.)"""
     assert len(REPLY) > 3 * LENGTH_PIVOT > 3 * len(SAID)
     store = make_store()
     filler = [f"user: Day {n} of my pottery course: a coffee first, then bowl number {n}." for n in range(30)]

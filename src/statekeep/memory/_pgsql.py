@@ -465,6 +465,20 @@ COMMON_WORD_SHARE = 0.1
 COMMON_WORD_MIN = 10
 #: A lexeme (text column ``lexeme``) as a quoted ``tsquery`` term: nothing in it is an operator.
 _QUOTED_LEXEME = r"'''' || replace(replace(lexeme, '\', '\\'), '''', '''''') || ''''"
+#: A kept word's weight: BM25's inverse document frequency over the owner's memories (``n.n`` of them,
+#: ``df.c`` holding the word), squared, as in tf-idf's cosine (the query's and the memory's weight).
+_IDF = "CAST(power(ln(1 + (n.n - df.c + 0.5) / (df.c + 0.5)), 2) AS double precision)"
+#: The first kept words are ranked each by one call in the row's expression; more, by a subquery.
+_WORD_SLOTS = 8
+
+
+def _weighted_rank() -> str:
+    """Sum over the kept words (``qq.ws``, weights ``qq.idfs``) of weight * ``ts_rank`` of the word alone."""
+    each = "qq.idfs[{0}] * ts_rank(tsv, qq.ws[{0}], 1)"
+    slots = " + ".join(f"coalesce({each.format(i)}, 0)" for i in range(1, _WORD_SLOTS + 1))
+    more = f"qq.ws[{_WORD_SLOTS + 1}:], qq.idfs[{_WORD_SLOTS + 1}:]"
+    rest = f"(SELECT sum(u.idf * ts_rank(tsv, u.w, 1)) FROM unnest({more}) AS u(w, idf))"
+    return f"{slots} + CASE WHEN cardinality(qq.ws) > {_WORD_SLOTS} THEN {rest} ELSE 0 END"
 
 
 def text_sql(clause: str) -> str:
@@ -473,26 +487,30 @@ def text_sql(clause: str) -> str:
     A word of the query found in more than ``COMMON_WORD_SHARE`` of the owner's memories
     and in more than ``COMMON_WORD_MIN`` (a speaker's name in every turn they said, "many"
     in "how many") is left out when the query has a rarer word (when every word is that
-    common, all of them are kept). PostgreSQL's full-text
-    ranking has no inverse document frequency: such a word would rank memories that share
-    only it above those that share the question's subject, and every memory holding it
-    would have to be ranked. Each word's count is one row of ``WORDS`` (migration 5).
-    Ranked by ``ts_rank`` divided by 1 + the log of the memory's length
-    (normalisation 1), which suits memories of very different lengths.
-    ``bench/retrieval.py`` chose both on its development split.
+    common, all of them are kept): every memory holding it would have to be ranked. Each
+    kept word is ranked alone by ``ts_rank`` (its count in the memory, saturating, divided
+    by 1 + the log of the memory's length: normalisation 1, which suits memories of very
+    different lengths) and weighs :data:`_IDF`, from the owner's counts only: PostgreSQL's
+    full-text ranking has no inverse document frequency, and would rank a memory sharing
+    only a frequent word of the query as high as one sharing its subject. Each word's
+    count is one row of ``WORDS`` (migration 5). ``bench/retrieval.py`` chose all of this
+    on its development split.
     """
     cap = f"greatest({COMMON_WORD_SHARE} * n.n, {COMMON_WORD_MIN})"
     count = f"coalesce((SELECT memories FROM {WORDS} WHERE owner = :owner AND word = {{}}), 0)"
+    # counted up to the share and one more (capped): when every word is common, they are all kept
+    capped = f"least(df.c, floor({cap}) + 1)"
     return (
         f"WITH n AS MATERIALIZED (SELECT {count.format(literal(''))} AS n), "
-        # counted up to the share and one more: when every word is common, they are all kept
-        f"df AS MATERIALIZED (SELECT lexeme, least({count.format('lexeme')}, floor({cap}) + 1) AS df "
-        "FROM n, unnest(tsvector_to_array(to_tsvector('english', :query))) AS lexeme), "
-        f"kept AS MATERIALIZED (SELECT CAST(string_agg({_QUOTED_LEXEME}, ' | ') AS tsquery) AS q "
-        f"FROM df, n WHERE df > 0 AND df <= greatest({cap}, (SELECT min(df) FROM df WHERE df > 0))), "
+        f"df AS MATERIALIZED (SELECT lexeme, {count.format('lexeme')} AS c "
+        "FROM unnest(tsvector_to_array(to_tsvector('english', :query))) AS lexeme), "
+        f"kept AS MATERIALIZED (SELECT {_QUOTED_LEXEME} AS w, {_IDF} AS idf FROM df, n WHERE df.c > 0 "
+        f"AND {capped} <= greatest({cap}, (SELECT min({capped}) FROM df, n WHERE df.c > 0))), "
+        "qq AS MATERIALIZED (SELECT CAST(string_agg(w, ' | ' ORDER BY w) AS tsquery) AS q, "
+        "array_agg(CAST(w AS tsquery) ORDER BY w) AS ws, array_agg(idf ORDER BY w) AS idfs FROM kept), "
         # ranked on the text vector alone (every tie with the k-th kept), the other columns only for the hits
-        f"top AS (SELECT id, ts_rank(tsv, kept.q, 1) AS rank FROM kept, {TABLE} WHERE {clause} "
-        "AND tsv @@ kept.q ORDER BY rank DESC FETCH FIRST :k ROWS WITH TIES) "
+        f"top AS (SELECT id, {_weighted_rank()} AS rank FROM qq, {TABLE} WHERE {clause} "
+        "AND tsv @@ qq.q ORDER BY rank DESC FETCH FIRST :k ROWS WITH TIES) "
         f"SELECT {SELECT_COLUMNS}, top.rank FROM {TABLE} JOIN top USING (id) WHERE owner = :owner "
         f"ORDER BY top.rank DESC, {TIES} LIMIT :k"
     )
