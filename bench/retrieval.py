@@ -11,7 +11,8 @@ Each turn of a conversation is remembered for the conversation's owner (content
 searched within its owner (k=20); recall@k is the share of the question's evidence
 turns among the first k results, averaged over questions. Modes: the store's
 ``vector`` (plain dense: the baseline), ``text`` (plain full-text: BM25 on LanceDB,
-length-normalised ``ts_rank`` of the query's distinctive words on PostgreSQL),
+length-normalised ``ts_rank`` of the query's distinctive words, weighted by inverse document
+frequency, on PostgreSQL),
 ``hybrid`` (the default), and ``rrf``, the hybrid search of statekeep before this
 benchmark (reciprocal-rank fusion of ``max(4k, 20)`` of each), measured from the
 same primitives. Owners are split once into a development part, on which methods
