@@ -12,6 +12,7 @@ import threading
 from datetime import timedelta
 
 import psycopg
+import pytest
 
 from statekeep.db import Database, upgrade
 from statekeep.memory import FakeEmbedder
@@ -147,7 +148,10 @@ def test_a_store_of_schema_4_gets_the_counts_of_its_memories(postgres_url: str) 
     store.close()
 
 
-def test_a_worker_role_granted_before_migration_5_keeps_working_through_it(postgres_url: str) -> None:
+@pytest.mark.parametrize("prefix", ["worker_", "Worker-"])  # a name that needs quotes, too
+def test_a_worker_role_granted_before_migration_5_keeps_working_through_it(
+    postgres_url: str, prefix: str
+) -> None:
     """A role given ``grant`` at schema 4 writes, searches and erases after the upgrade, not granted again."""
     import uuid
 
@@ -156,7 +160,8 @@ def test_a_worker_role_granted_before_migration_5_keeps_working_through_it(postg
     db = Database(postgres_url)
     upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:4])
     db.dispose()
-    role = f"worker_{uuid.uuid4().hex[:8]}"
+    name = f"{prefix}{uuid.uuid4().hex[:8]}"
+    role = f'"{name}"'
     parts = ", ".join(f"{q.TABLE}_p{i}" for i in range(q.PARTITIONS))
     with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:  # what grant() gave at schema 4
         conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw' NOSUPERUSER NOBYPASSRLS")
@@ -166,7 +171,7 @@ def test_a_worker_role_granted_before_migration_5_keeps_working_through_it(postg
         conn.execute(f"GRANT USAGE ON SEQUENCE {q.SEQUENCE} TO {role}")
         conn.execute(f"GRANT MAINTAIN ON {parts} TO {role}")
     PgVectorMemoryStore(postgres_url, FakeEmbedder()).close()  # the tables' owner upgrades
-    worker_url = make_url(postgres_url).set(username=role, password="pw").render_as_string(False)
+    worker_url = make_url(postgres_url).set(username=name, password="pw").render_as_string(False)
     worker = PgVectorMemoryStore(worker_url, FakeEmbedder())
     worker.remember_many("alice", ["Alice drinks tea", "Alice has a dog"])
     assert [r.memory.content for r in worker.search("alice", "tea", mode="text")] == ["Alice drinks tea"]

@@ -272,8 +272,9 @@ def _count_words(conn: Connection) -> None:
     )
 
 
-#: The roles given privileges on a table (its owner's own left out), quoted, and whether one holds ``what``.
-_GRANTEES = """SELECT quote_ident(CAST(CAST(a.grantee AS regrole) AS text)) AS role,
+#: The roles given privileges on a table (its owner's own left out), and whether one holds ``what``.
+#: A regrole's text is already quoted where the name needs it (quote_ident on it names another role).
+_GRANTEES = """SELECT CAST(CAST(a.grantee AS regrole) AS text) AS role,
     bool_or(a.privilege_type = :what) AS holds
   FROM pg_class c, aclexplode(c.relacl) AS a
   WHERE c.oid = CAST(:t AS regclass) AND a.grantee NOT IN (0, c.relowner) GROUP BY a.grantee"""
