@@ -178,3 +178,28 @@ def test_a_worker_role_granted_before_migration_5_keeps_working_through_it(
     assert worker.forget("alice").removed == 2
     assert assert_exact(postgres_url) == {}
     worker.close()
+
+
+def test_purge_rewrites_the_word_counts_when_the_schema_is_on_the_search_path(postgres_url: str) -> None:
+    """The expired memory's words leave no file, though partitions' names then come back without a schema."""
+    import uuid
+
+    from sqlalchemy.engine import make_url
+
+    from tests.memory.test_pgvector import files_with
+
+    PgVectorMemoryStore(postgres_url, FakeEmbedder()).close()
+    with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
+        name = make_url(postgres_url).database
+        conn.execute(f'ALTER DATABASE "{name}" SET search_path = {q.SCHEMA}, public')
+    clock = Clock()
+    store = PgVectorMemoryStore(postgres_url, FakeEmbedder(), clock=clock)
+    marker = f"zq{uuid.uuid4().hex}"
+    store.remember("alice", f"Alice's locker code is {marker}.", ttl=timedelta(hours=1))
+    store.remember("alice", "Alice keeps this one")
+    assert files_with(postgres_url, marker)
+    clock.now += timedelta(hours=2)
+    assert store.purge_expired() == 1
+    assert files_with(postgres_url, marker) == []
+    assert_exact(postgres_url)
+    store.close()

@@ -493,8 +493,15 @@ def text_sql(clause: str) -> str:
 
 
 def words_partition(partition: str) -> str:
-    """The partition of ``WORDS`` that holds the word counts of the owners of a memory partition."""
-    return partition.replace(TABLE, WORDS, 1)
+    """The partition of ``WORDS`` that holds the word counts of the owners of a memory partition.
+
+    By its number: a partition's name from ``regclass`` lacks the schema when that is on the search path.
+
+    Examples:
+        >>> words_partition("statekeep_memory.memories_p3"), words_partition("memories_p12")
+        ('statekeep_memory.memory_words_p3', 'statekeep_memory.memory_words_p12')
+    """
+    return f"{WORDS}_p{int(partition.rsplit('_p', 1)[1])}"
 
 
 def partition_of(conn: Connection, owner: str) -> str:
