@@ -203,3 +203,36 @@ def test_purge_rewrites_the_word_counts_when_the_schema_is_on_the_search_path(po
     assert files_with(postgres_url, marker) == []
     assert_exact(postgres_url)
     store.close()
+
+
+def test_migration_5_counts_what_a_writer_in_flight_commits(postgres_url: str) -> None:
+    """A delete of an older worker, uncommitted when the upgrade starts, is not counted: the upgrade
+    waits for it before it counts (else the deleted memories' words would stay, an erased owner's too)."""
+    db = Database(postgres_url)
+    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:4])
+    db.dispose()
+    vector = "[" + ",".join(["0.125"] * 64) + "]"
+    with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
+        for i, text in enumerate(["Alice drinks tea", "Bob drinks coffee"]):
+            owner = text.split()[0].lower()
+            conn.execute(
+                f"INSERT INTO {q.TABLE} (owner, id, content, kind, source, trust, model, created_us, "
+                "embedding, dedupe_key) VALUES (%s, %s, %s, 'semantic', 'imported', 0.5, "
+                "'fake-hash-64', %s, CAST(%s AS vector), %s)",
+                (owner, f"m{i}", text, i, vector, text.lower()),
+            )
+    old_worker = psycopg.connect(libpq(postgres_url))
+    old_worker.execute(f"DELETE FROM {q.TABLE} WHERE owner = 'bob'")  # its transaction stays open
+    opened: list[PgVectorMemoryStore] = []
+    upgrading = threading.Thread(
+        target=lambda: opened.append(PgVectorMemoryStore(postgres_url, FakeEmbedder()))
+    )
+    upgrading.start()
+    upgrading.join(timeout=2)
+    assert upgrading.is_alive()  # waiting for the delete's transaction
+    old_worker.commit()
+    old_worker.close()
+    upgrading.join()
+    kept = assert_exact(postgres_url)
+    assert {o for o, _ in kept} == {"alice"}
+    opened[0].close()
