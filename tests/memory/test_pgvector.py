@@ -184,6 +184,26 @@ def test_optimize_vacuums_and_analyzes_as_the_owner_and_as_a_granted_role(postgr
     store.close()
 
 
+def test_optimize_refuses_a_role_that_may_not_vacuum_instead_of_doing_nothing(postgres_url: str) -> None:
+    """PostgreSQL skips, with only a warning, tables a role may not vacuum: optimize says so instead."""
+    store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
+    role = f"worker_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:  # every grant but MAINTAIN
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw' NOSUPERUSER NOBYPASSRLS")
+        conn.execute(f"GRANT USAGE ON SCHEMA statekeep_memory TO {role}")
+        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA statekeep_memory TO {role}")
+    worker = PgVectorMemoryStore(
+        make_url(postgres_url).set(username=role, password="pw").render_as_string(False), FakeEmbedder()
+    )
+    with pytest.raises(ConfigError, match=rf"optimize\(\) may not vacuum .*memories_p0.* as '{role}'"):
+        worker.optimize()
+    store.grant(role)
+    worker.optimize()
+    store.optimize(full=True)
+    worker.close()
+    store.close()
+
+
 def test_a_search_is_one_round_trip_with_its_owner_and_settings_and_binary_vectors(postgres_url: str) -> None:
     """The owner setting, iterative HNSW scans and custom plans travel with the query, in one pipeline.
 

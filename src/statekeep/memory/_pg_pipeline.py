@@ -176,7 +176,7 @@ class Pipelined:
         """
         hint = self._big.get(owner)
         if hint is None or time.monotonic() - hint[1] > SIZE_HINT_SECONDS:
-            count = Statement(q.BOUNDED_COUNT, {"owner": owner, "n": self.exact_below})
+            count = Statement(q.OWNER_SIZE, {"owner": owner})
             rows = self._run(owner, [count], write=False)[0]
             if len(self._big) > 10_000:
                 self._big.clear()

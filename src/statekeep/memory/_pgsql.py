@@ -311,8 +311,15 @@ MIGRATIONS = [
 ]
 
 
-#: How many memories an owner has, counting no further than ``:n`` (an index-only scan).
-BOUNDED_COUNT = f"SELECT count(*) FROM (SELECT 1 FROM {TABLE} WHERE owner = :owner LIMIT :n) AS s"
+#: The partitions of ``:tables`` that the current role may not vacuum or analyze: PostgreSQL 17
+#: grants that as ``MAINTAIN``; before, only the table's owner (or a member of its role) may.
+NOT_MAINTAINABLE = """SELECT CAST(CAST(i.inhrelid AS regclass) AS text) FROM pg_inherits AS i
+  JOIN pg_class AS c ON c.oid = i.inhrelid
+  WHERE i.inhparent = ANY(CAST(CAST(:tables AS text[]) AS regclass[]))
+  AND NOT CASE WHEN current_setting('server_version_num')::int >= 170000
+    THEN has_table_privilege(i.inhrelid, 'MAINTAIN') ELSE pg_has_role(c.relowner, 'USAGE') END"""
+#: How many memories an owner has (every one: current or not), kept by migration 5's word counts.
+OWNER_SIZE = f"SELECT coalesce((SELECT memories FROM {WORDS} WHERE owner = :owner AND word = ''), 0) AS count"
 
 
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")

@@ -300,6 +300,17 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         """
         command = f"VACUUM ({'FULL, ' if full else ''}ANALYZE) {q.TABLE}, {q.WORDS}"
         try:
+            with self.db.read("checking that optimize may vacuum the memory tables") as conn:
+                found = conn.execute(sa.text(q.NOT_MAINTAINABLE), {"tables": [q.TABLE, q.WORDS]})
+                refused = sorted(found.scalars())
+            if refused:  # PostgreSQL would skip them with a warning, and optimize would do nothing
+                role = self.db.url.username or "this role"
+                raise ConfigError(
+                    self.db.setting,
+                    str(self.db.url),
+                    f"optimize() may not vacuum {', '.join(refused)} as {role!r}: run it as the tables' "
+                    "owner, or have the owner call grant() for this role (PostgreSQL 17 or later)",
+                )
             self._vacuum([command])
         except sa.exc.SQLAlchemyError as exc:
             raise storage_error(exc, f"optimizing the memories ({command})") from exc
