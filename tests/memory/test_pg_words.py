@@ -170,14 +170,48 @@ def test_a_worker_role_granted_before_migration_5_keeps_working_through_it(
         conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {q.TABLE} TO {role}")
         conn.execute(f"GRANT USAGE ON SEQUENCE {q.SEQUENCE} TO {role}")
         conn.execute(f"GRANT MAINTAIN ON {parts} TO {role}")
+        conn.execute(f"CREATE ROLE \"{name}r\" LOGIN PASSWORD 'pw' NOSUPERUSER NOBYPASSRLS")  # reads only
+        conn.execute(f'GRANT USAGE ON SCHEMA {q.SCHEMA} TO "{name}r"')
+        conn.execute(f'GRANT SELECT ON {q.SCHEMA}.memory_migrations, {q.TABLE} TO "{name}r"')
     PgVectorMemoryStore(postgres_url, FakeEmbedder()).close()  # the tables' owner upgrades
     worker_url = make_url(postgres_url).set(username=name, password="pw").render_as_string(False)
     worker = PgVectorMemoryStore(worker_url, FakeEmbedder())
     worker.remember_many("alice", ["Alice drinks tea", "Alice has a dog"])
     assert [r.memory.content for r in worker.search("alice", "tea", mode="text")] == ["Alice drinks tea"]
+    reader_url = make_url(postgres_url).set(username=f"{name}r", password="pw").render_as_string(False)
+    reader = PgVectorMemoryStore(reader_url, FakeEmbedder())
+    assert [r.memory.content for r in reader.search("alice", "tea", mode="text")] == ["Alice drinks tea"]
+    reader.close()
     assert worker.forget("alice").removed == 2
     assert assert_exact(postgres_url) == {}
     worker.close()
+
+
+def test_optimize_full_counts_again_what_was_written_around_the_store(postgres_url: str) -> None:
+    """A content changed by SQL is not counted; deleting it then drops a word still held elsewhere,
+    and search stops finding it. ``optimize(full=True)`` (as the tables' owner) counts again."""
+    store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
+    tea, coffee = store.remember_many("alice", ["Alice drinks tea", "Alice drinks coffee"])
+    with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
+        conn.execute(f"UPDATE {q.TABLE} SET content = 'Alice drinks tea daily' WHERE id = %s", (coffee.id,))
+    store.forget_one("alice", coffee.id)
+    kept, recounted = counts(postgres_url)
+    assert ("alice", "tea") not in kept
+    assert recounted[("alice", "tea")] == 1
+    assert store.search("alice", "tea", mode="text") == []
+    store.optimize(full=True)
+    assert assert_exact(postgres_url)[("alice", "tea")] == 1
+    assert [r.memory.id for r in store.search("alice", "tea", mode="text")] == [tea.id]
+    store.close()
+
+
+def test_truncating_the_memories_empties_the_word_counts(postgres_url: str) -> None:
+    store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
+    store.remember_many("alice", ["Alice drinks tea", "Alice has a dog"])
+    with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {q.TABLE}")
+    assert assert_exact(postgres_url) == {}
+    store.close()
 
 
 def test_purge_rewrites_the_word_counts_when_the_schema_is_on_the_search_path(postgres_url: str) -> None:

@@ -1,0 +1,130 @@
+"""The search statements of the pgvector backend (pure): the scope of a search, nearest memories, full text.
+
+Every statement runs after the owner setting that row-level security checks
+(see :mod:`._pgsql`), and names the owner again so that the planner reads one
+partition.
+"""
+
+from __future__ import annotations
+
+from statekeep.memory._pgsql import SELECT_COLUMNS, TABLE, TIES, WORDS, literal, vector_expr
+from statekeep.memory._rows import to_us
+from statekeep.memory._types import Filters
+
+
+def scope_where(now_us: int | None, filters: Filters | None) -> tuple[str, dict[str, object]]:
+    """The WHERE clause (after ``owner = :owner``) and its parameters for a scoped search."""
+    parts = ["owner = :owner"]
+    params: dict[str, object] = {}
+    if now_us is not None:
+        merged = filters is not None and filters.include_merged
+        parts.append("superseded_by IS NULL" if merged else "superseded_by IS NULL AND duplicate_of IS NULL")
+        parts.append("(expires_us IS NULL OR expires_us > :now_us)")
+        params["now_us"] = now_us
+    if filters is not None:
+        parts.extend(_filter_parts(filters, params))
+    return " AND ".join(parts), params
+
+
+def _filter_parts(f: Filters, params: dict[str, object]) -> list[str]:
+    parts = []
+    if f.kinds:
+        parts.append("kind = ANY(:kinds)")
+        params["kinds"] = list(f.kinds)
+    if f.tags:
+        parts.append("tags @> CAST(:tags AS text[])")
+        params["tags"] = list(f.tags)
+    if f.since is not None:
+        parts.append("created_us >= :since_us")
+        params["since_us"] = to_us(f.since)
+    if f.until is not None:
+        parts.append("created_us < :until_us")
+        params["until_us"] = to_us(f.until)
+    if f.sources:
+        parts.append("source = ANY(:sources)")
+        params["sources"] = list(f.sources)
+    if f.min_trust is not None:
+        parts.append("trust >= :min_trust")
+        params["min_trust"] = f.min_trust
+    if f.sessions:
+        parts.append("session_id = ANY(:sessions)")
+        params["sessions"] = list(f.sessions)
+    return parts
+
+
+def nearest_sql(model: str, dimension: int, clause: str, *, exact: bool = False) -> str:
+    """Nearest-neighbour search in one model's partial index (the model inlined to match it).
+
+    Through the index (``exact=False``): the ``:k`` nearest, ties at the cut by :data:`TIES`.
+    ``exact``: every row of the owner is ranked (never through the index, which may miss some),
+    carrying only its id (a top-N sort of narrow rows, not of every column of every row), and
+    the whole rows of the ``:k`` nearest are then read by primary key, in no order. Rows tied
+    at the cut are cut arbitrarily: the caller asks for one more than it needs, and again for
+    more if that one ties (:func:`_ranking.top_k`).
+    """
+    expr, vec = vector_expr(dimension), f"CAST(:q AS vector({int(dimension)}))"
+    distance = f"{expr} <=> {vec}"
+    where = f"{clause} AND model = {literal(model)}"
+    if exact:
+        # cosine_distance is what <=> computes, but no index can order by a function call: the planner
+        # must rank every row, and never pick the approximate HNSW scan for a small owner
+        ranked = f"SELECT id FROM {TABLE} WHERE {where} ORDER BY cosine_distance({expr}, {vec}) LIMIT :k"
+        return (
+            f"SELECT {SELECT_COLUMNS}, {distance} AS distance FROM {TABLE} "
+            f"WHERE owner = :owner AND id = ANY(ARRAY({ranked}))"
+        )
+    return (
+        f"SELECT {SELECT_COLUMNS}, {distance} AS distance FROM {TABLE} WHERE {where} "
+        f"ORDER BY distance, {TIES} LIMIT :k"
+    )
+
+
+def nearest_each_sql(model: str, dimension: int, clause: str) -> str:
+    """The nearest current memory to each of many vectors, in one round trip (for duplicate checks)."""
+    expr, dim = vector_expr(dimension), int(dimension)
+    # materialized, so each query vector is cast once, not once per candidate row
+    return (
+        f"WITH q AS MATERIALIZED (SELECT i, CAST(v AS vector({dim})) AS v "
+        f"FROM unnest(CAST(:vs AS vector[])) WITH ORDINALITY AS u(v, i)) "
+        f"SELECT q.i, m.* FROM q CROSS JOIN LATERAL (SELECT {SELECT_COLUMNS}, {expr} <=> q.v AS distance "
+        f"FROM {TABLE} WHERE {clause} AND model = {literal(model)} ORDER BY distance, {TIES} LIMIT 1) AS m"
+    )
+
+
+#: Full-text search leaves out a query word found in more than this share of the owner's memories
+#: (and in more than ``COMMON_WORD_MIN`` of them: in a handful of memories no word is common).
+COMMON_WORD_SHARE = 0.1
+COMMON_WORD_MIN = 10
+#: A lexeme (text column ``lexeme``) as a quoted ``tsquery`` term: nothing in it is an operator.
+_QUOTED_LEXEME = r"'''' || replace(replace(lexeme, '\', '\\'), '''', '''''') || ''''"
+
+
+def text_sql(clause: str) -> str:
+    """Full-text search: any distinctive word of the query matches (English stemming, stop words dropped).
+
+    A word of the query found in more than ``COMMON_WORD_SHARE`` of the owner's memories
+    and in more than ``COMMON_WORD_MIN`` (a speaker's name in every turn they said, "many"
+    in "how many") is left out when the query has a rarer word (when every word is that
+    common, all of them are kept). PostgreSQL's full-text
+    ranking has no inverse document frequency: such a word would rank memories that share
+    only it above those that share the question's subject, and every memory holding it
+    would have to be ranked. Each word's count is one row of ``WORDS`` (migration 5).
+    Ranked by ``ts_rank`` divided by 1 + the log of the memory's length
+    (normalisation 1), which suits memories of very different lengths.
+    ``bench/retrieval.py`` chose both on its development split.
+    """
+    cap = f"greatest({COMMON_WORD_SHARE} * n.n, {COMMON_WORD_MIN})"
+    count = f"coalesce((SELECT memories FROM {WORDS} WHERE owner = :owner AND word = {{}}), 0)"
+    return (
+        f"WITH n AS MATERIALIZED (SELECT {count.format(literal(''))} AS n), "
+        # counted up to the share and one more: when every word is common, they are all kept
+        f"df AS MATERIALIZED (SELECT lexeme, least({count.format('lexeme')}, floor({cap}) + 1) AS df "
+        "FROM n, unnest(tsvector_to_array(to_tsvector('english', :query))) AS lexeme), "
+        f"kept AS MATERIALIZED (SELECT CAST(string_agg({_QUOTED_LEXEME}, ' | ') AS tsquery) AS q "
+        f"FROM df, n WHERE df > 0 AND df <= greatest({cap}, (SELECT min(df) FROM df WHERE df > 0))), "
+        # ranked on the text vector alone (every tie with the k-th kept), the other columns only for the hits
+        f"top AS (SELECT id, ts_rank(tsv, kept.q, 1) AS rank FROM kept, {TABLE} WHERE {clause} "
+        "AND tsv @@ kept.q ORDER BY rank DESC FETCH FIRST :k ROWS WITH TIES) "
+        f"SELECT {SELECT_COLUMNS}, top.rank FROM {TABLE} JOIN top USING (id) WHERE owner = :owner "
+        f"ORDER BY top.rank DESC, {TIES} LIMIT :k"
+    )
