@@ -12,6 +12,7 @@ import threading
 from datetime import timedelta
 
 import psycopg
+import pytest
 
 from statekeep.db import Database, upgrade
 from statekeep.memory import FakeEmbedder
@@ -147,7 +148,10 @@ def test_a_store_of_schema_4_gets_the_counts_of_its_memories(postgres_url: str) 
     store.close()
 
 
-def test_a_worker_role_granted_before_migration_5_keeps_working_through_it(postgres_url: str) -> None:
+@pytest.mark.parametrize("prefix", ["worker_", "Worker-"])  # a name that needs quotes, too
+def test_a_worker_role_granted_before_migration_5_keeps_working_through_it(
+    postgres_url: str, prefix: str
+) -> None:
     """A role given ``grant`` at schema 4 writes, searches and erases after the upgrade, not granted again."""
     import uuid
 
@@ -156,7 +160,8 @@ def test_a_worker_role_granted_before_migration_5_keeps_working_through_it(postg
     db = Database(postgres_url)
     upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:4])
     db.dispose()
-    role = f"worker_{uuid.uuid4().hex[:8]}"
+    name = f"{prefix}{uuid.uuid4().hex[:8]}"
+    role = f'"{name}"'
     parts = ", ".join(f"{q.TABLE}_p{i}" for i in range(q.PARTITIONS))
     with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:  # what grant() gave at schema 4
         conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw' NOSUPERUSER NOBYPASSRLS")
@@ -165,11 +170,103 @@ def test_a_worker_role_granted_before_migration_5_keeps_working_through_it(postg
         conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {q.TABLE} TO {role}")
         conn.execute(f"GRANT USAGE ON SEQUENCE {q.SEQUENCE} TO {role}")
         conn.execute(f"GRANT MAINTAIN ON {parts} TO {role}")
+        conn.execute(f"CREATE ROLE \"{name}r\" LOGIN PASSWORD 'pw' NOSUPERUSER NOBYPASSRLS")  # reads only
+        conn.execute(f'GRANT USAGE ON SCHEMA {q.SCHEMA} TO "{name}r"')
+        conn.execute(f'GRANT SELECT ON {q.SCHEMA}.memory_migrations, {q.TABLE} TO "{name}r"')
     PgVectorMemoryStore(postgres_url, FakeEmbedder()).close()  # the tables' owner upgrades
-    worker_url = make_url(postgres_url).set(username=role, password="pw").render_as_string(False)
+    worker_url = make_url(postgres_url).set(username=name, password="pw").render_as_string(False)
     worker = PgVectorMemoryStore(worker_url, FakeEmbedder())
     worker.remember_many("alice", ["Alice drinks tea", "Alice has a dog"])
     assert [r.memory.content for r in worker.search("alice", "tea", mode="text")] == ["Alice drinks tea"]
+    reader_url = make_url(postgres_url).set(username=f"{name}r", password="pw").render_as_string(False)
+    reader = PgVectorMemoryStore(reader_url, FakeEmbedder())
+    assert [r.memory.content for r in reader.search("alice", "tea", mode="text")] == ["Alice drinks tea"]
+    reader.close()
     assert worker.forget("alice").removed == 2
     assert assert_exact(postgres_url) == {}
     worker.close()
+
+
+def test_optimize_full_counts_again_what_was_written_around_the_store(postgres_url: str) -> None:
+    """A content changed by SQL is not counted; deleting it then drops a word still held elsewhere,
+    and search stops finding it. ``optimize(full=True)`` (as the tables' owner) counts again."""
+    store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
+    tea, coffee = store.remember_many("alice", ["Alice drinks tea", "Alice drinks coffee"])
+    with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
+        conn.execute(f"UPDATE {q.TABLE} SET content = 'Alice drinks tea daily' WHERE id = %s", (coffee.id,))
+    store.forget_one("alice", coffee.id)
+    kept, recounted = counts(postgres_url)
+    assert ("alice", "tea") not in kept
+    assert recounted[("alice", "tea")] == 1
+    assert store.search("alice", "tea", mode="text") == []
+    store.optimize(full=True)
+    assert assert_exact(postgres_url)[("alice", "tea")] == 1
+    assert [r.memory.id for r in store.search("alice", "tea", mode="text")] == [tea.id]
+    store.close()
+
+
+def test_truncating_the_memories_empties_the_word_counts(postgres_url: str) -> None:
+    store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
+    store.remember_many("alice", ["Alice drinks tea", "Alice has a dog"])
+    with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {q.TABLE}")
+    assert assert_exact(postgres_url) == {}
+    store.close()
+
+
+def test_purge_rewrites_the_word_counts_when_the_schema_is_on_the_search_path(postgres_url: str) -> None:
+    """The expired memory's words leave no file, though partitions' names then come back without a schema."""
+    import uuid
+
+    from sqlalchemy.engine import make_url
+
+    from tests.memory.test_pgvector import files_with
+
+    PgVectorMemoryStore(postgres_url, FakeEmbedder()).close()
+    with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
+        name = make_url(postgres_url).database
+        conn.execute(f'ALTER DATABASE "{name}" SET search_path = {q.SCHEMA}, public')
+    clock = Clock()
+    store = PgVectorMemoryStore(postgres_url, FakeEmbedder(), clock=clock)
+    marker = f"zq{uuid.uuid4().hex}"
+    store.remember("alice", f"Alice's locker code is {marker}.", ttl=timedelta(hours=1))
+    store.remember("alice", "Alice keeps this one")
+    assert files_with(postgres_url, marker)
+    clock.now += timedelta(hours=2)
+    assert store.purge_expired() == 1
+    assert files_with(postgres_url, marker) == []
+    assert_exact(postgres_url)
+    store.close()
+
+
+def test_migration_5_counts_what_a_writer_in_flight_commits(postgres_url: str) -> None:
+    """A delete of an older worker, uncommitted when the upgrade starts, is not counted: the upgrade
+    waits for it before it counts (else the deleted memories' words would stay, an erased owner's too)."""
+    db = Database(postgres_url)
+    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:4])
+    db.dispose()
+    vector = "[" + ",".join(["0.125"] * 64) + "]"
+    with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
+        for i, text in enumerate(["Alice drinks tea", "Bob drinks coffee"]):
+            owner = text.split()[0].lower()
+            conn.execute(
+                f"INSERT INTO {q.TABLE} (owner, id, content, kind, source, trust, model, created_us, "
+                "embedding, dedupe_key) VALUES (%s, %s, %s, 'semantic', 'imported', 0.5, "
+                "'fake-hash-64', %s, CAST(%s AS vector), %s)",
+                (owner, f"m{i}", text, i, vector, text.lower()),
+            )
+    old_worker = psycopg.connect(libpq(postgres_url))
+    old_worker.execute(f"DELETE FROM {q.TABLE} WHERE owner = 'bob'")  # its transaction stays open
+    opened: list[PgVectorMemoryStore] = []
+    upgrading = threading.Thread(
+        target=lambda: opened.append(PgVectorMemoryStore(postgres_url, FakeEmbedder()))
+    )
+    upgrading.start()
+    upgrading.join(timeout=2)
+    assert upgrading.is_alive()  # waiting for the delete's transaction
+    old_worker.commit()
+    old_worker.close()
+    upgrading.join()
+    kept = assert_exact(postgres_url)
+    assert {o for o, _ in kept} == {"alice"}
+    opened[0].close()

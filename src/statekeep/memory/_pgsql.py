@@ -18,8 +18,6 @@ from sqlalchemy.engine import Connection
 
 from statekeep.db import Migration
 from statekeep.memory._dedupe import identity
-from statekeep.memory._rows import to_us
-from statekeep.memory._types import Filters
 
 SCHEMA = "statekeep_memory"
 TABLE = f"{SCHEMA}.memories"
@@ -258,22 +256,39 @@ def _count_words(conn: Connection) -> None:
         )
         _secure(conn, part)
     _secure(conn, WORDS)
-    for column in ("owner", "word"):
+    for column in ("owner", "word", "memories"):  # an owner's count of memories would be a sample too
         conn.exec_driver_sql(f"ALTER TABLE {WORDS} ALTER COLUMN {column} SET STATISTICS 0")
-    conn.exec_driver_sql(
-        f"INSERT INTO {WORDS} (owner, word, memories) SELECT owner, word, count(*) "
-        f"FROM (SELECT owner, {_WORDS_OF} FROM {TABLE}) AS s GROUP BY owner, word"
-    )
+    conn.exec_driver_sql(RECOUNT)
     _grant_like_memories(conn)
     conn.exec_driver_sql(_COUNT_REMOVED)
     conn.exec_driver_sql(
         f"CREATE TRIGGER count_removed_words AFTER DELETE ON {TABLE} REFERENCING OLD TABLE AS removed "
         f"FOR EACH STATEMENT EXECUTE FUNCTION {SCHEMA}.count_removed_words()"
     )
+    conn.exec_driver_sql(_TRUNCATE_WORDS)
+    conn.exec_driver_sql(
+        f"CREATE TRIGGER truncate_words AFTER TRUNCATE ON {TABLE} "
+        f"FOR EACH STATEMENT EXECUTE FUNCTION {SCHEMA}.truncate_words()"
+    )
 
 
-#: The roles given privileges on a table (its owner's own left out), quoted, and whether one holds ``what``.
-_GRANTEES = """SELECT quote_ident(CAST(CAST(a.grantee AS regrole) AS text)) AS role,
+#: Every owner's counts from the memories themselves (``WORDS`` empty before: migration 5, or a recount).
+RECOUNT = (
+    f"INSERT INTO {WORDS} (owner, word, memories) SELECT owner, word, count(*) "
+    f"FROM (SELECT owner, {_WORDS_OF} FROM {TABLE}) AS s GROUP BY owner, word"
+)
+#: The memories emptied by ``TRUNCATE`` (no row trigger fires): their words go too, and their files.
+_TRUNCATE_WORDS = f"""CREATE FUNCTION {SCHEMA}.truncate_words() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  TRUNCATE {WORDS};
+  RETURN NULL;
+END
+$fn$"""
+
+
+#: The roles given privileges on a table (its owner's own left out), and whether one holds ``what``.
+#: A regrole's text is already quoted where the name needs it (quote_ident on it names another role).
+_GRANTEES = """SELECT CAST(CAST(a.grantee AS regrole) AS text) AS role,
     bool_or(a.privilege_type = :what) AS holds
   FROM pg_class c, aclexplode(c.relacl) AS a
   WHERE c.oid = CAST(:t AS regclass) AND a.grantee NOT IN (0, c.relowner) GROUP BY a.grantee"""
@@ -282,10 +297,10 @@ _GRANTEES = """SELECT quote_ident(CAST(CAST(a.grantee AS regrole) AS text)) AS r
 def _grant_like_memories(conn: Connection) -> None:
     """Give each worker role that ``grant`` let use the memories the same use of ``WORDS``, so that
     workers keep working through the upgrade (searches read it, writes and erasure change it)."""
-    params = {"t": TABLE, "what": "INSERT"}
-    for role in conn.execute(sa.text(_GRANTEES), params).all():
-        if role.holds:
-            conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {WORDS} TO {role.role}")
+    for what, privileges in (("SELECT", "SELECT"), ("INSERT", "INSERT, UPDATE, DELETE")):
+        for role in conn.execute(sa.text(_GRANTEES), {"t": TABLE, "what": what}).all():
+            if role.holds:  # a reader searches (reads the counts); a writer also changes them
+                conn.exec_driver_sql(f"GRANT {privileges} ON {WORDS} TO {role.role}")
     params = {"t": f"{TABLE}_p0", "what": "MAINTAIN"}  # erasure's VACUUM FULL (PostgreSQL 17 and later)
     for role in conn.execute(sa.text(_GRANTEES), params).all():
         if role.holds:
@@ -380,152 +395,16 @@ def index_ddl(model: str, dimension: int) -> tuple[str, str]:
     )
 
 
-def scope_where(now_us: int | None, filters: Filters | None) -> tuple[str, dict[str, object]]:
-    """The WHERE clause (after ``owner = :owner``) and its parameters for a scoped search."""
-    parts = ["owner = :owner"]
-    params: dict[str, object] = {}
-    if now_us is not None:
-        merged = filters is not None and filters.include_merged
-        parts.append("superseded_by IS NULL" if merged else "superseded_by IS NULL AND duplicate_of IS NULL")
-        parts.append("(expires_us IS NULL OR expires_us > :now_us)")
-        params["now_us"] = now_us
-    if filters is not None:
-        parts.extend(_filter_parts(filters, params))
-    return " AND ".join(parts), params
-
-
-def _filter_parts(f: Filters, params: dict[str, object]) -> list[str]:
-    parts = []
-    if f.kinds:
-        parts.append("kind = ANY(:kinds)")
-        params["kinds"] = list(f.kinds)
-    if f.tags:
-        parts.append("tags @> CAST(:tags AS text[])")
-        params["tags"] = list(f.tags)
-    if f.since is not None:
-        parts.append("created_us >= :since_us")
-        params["since_us"] = to_us(f.since)
-    if f.until is not None:
-        parts.append("created_us < :until_us")
-        params["until_us"] = to_us(f.until)
-    if f.sources:
-        parts.append("source = ANY(:sources)")
-        params["sources"] = list(f.sources)
-    if f.min_trust is not None:
-        parts.append("trust >= :min_trust")
-        params["min_trust"] = f.min_trust
-    if f.sessions:
-        parts.append("session_id = ANY(:sessions)")
-        params["sessions"] = list(f.sessions)
-    return parts
-
-
-def nearest_sql(model: str, dimension: int, clause: str, *, exact: bool = False) -> str:
-    """Nearest-neighbour search in one model's partial index (the model inlined to match it).
-
-    Through the index (``exact=False``): the ``:k`` nearest, ties at the cut by :data:`TIES`.
-    ``exact``: every row of the owner is ranked (never through the index, which may miss some),
-    carrying only its id (a top-N sort of narrow rows, not of every column of every row), and
-    the whole rows of the ``:k`` nearest are then read by primary key, in no order. Rows tied
-    at the cut are cut arbitrarily: the caller asks for one more than it needs, and again for
-    more if that one ties (:func:`_ranking.top_k`).
-    """
-    expr, vec = vector_expr(dimension), f"CAST(:q AS vector({int(dimension)}))"
-    distance = f"{expr} <=> {vec}"
-    where = f"{clause} AND model = {literal(model)}"
-    if exact:
-        # cosine_distance is what <=> computes, but no index can order by a function call: the planner
-        # must rank every row, and never pick the approximate HNSW scan for a small owner
-        ranked = f"SELECT id FROM {TABLE} WHERE {where} ORDER BY cosine_distance({expr}, {vec}) LIMIT :k"
-        return (
-            f"SELECT {SELECT_COLUMNS}, {distance} AS distance FROM {TABLE} "
-            f"WHERE owner = :owner AND id = ANY(ARRAY({ranked}))"
-        )
-    return (
-        f"SELECT {SELECT_COLUMNS}, {distance} AS distance FROM {TABLE} WHERE {where} "
-        f"ORDER BY distance, {TIES} LIMIT :k"
-    )
-
-
-def nearest_each_sql(model: str, dimension: int, clause: str) -> str:
-    """The nearest current memory to each of many vectors, in one round trip (for duplicate checks)."""
-    expr, dim = vector_expr(dimension), int(dimension)
-    # materialized, so each query vector is cast once, not once per candidate row
-    return (
-        f"WITH q AS MATERIALIZED (SELECT i, CAST(v AS vector({dim})) AS v "
-        f"FROM unnest(CAST(:vs AS vector[])) WITH ORDINALITY AS u(v, i)) "
-        f"SELECT q.i, m.* FROM q CROSS JOIN LATERAL (SELECT {SELECT_COLUMNS}, {expr} <=> q.v AS distance "
-        f"FROM {TABLE} WHERE {clause} AND model = {literal(model)} ORDER BY distance, {TIES} LIMIT 1) AS m"
-    )
-
-
-#: Full-text search leaves out a query word found in more than this share of the owner's memories
-#: (and in more than ``COMMON_WORD_MIN`` of them: in a handful of memories no word is common).
-COMMON_WORD_SHARE = 0.1
-COMMON_WORD_MIN = 10
-#: A lexeme (text column ``lexeme``) as a quoted ``tsquery`` term: nothing in it is an operator.
-_QUOTED_LEXEME = r"'''' || replace(replace(lexeme, '\', '\\'), '''', '''''') || ''''"
-#: A kept word's weight: BM25's inverse document frequency over the owner's memories (``n.n`` of them,
-#: ``df.c`` holding the word), squared, as in tf-idf's cosine (the query's and the memory's weight).
-_IDF = "CAST(power(ln(1 + (n.n - df.c + 0.5) / (df.c + 0.5)), 2) AS double precision)"
-#: The first kept words are ranked each by one call in the row's expression; more, by a subquery.
-_WORD_SLOTS = 8
-#: Only this many memories, the best by the plain ``ts_rank`` of the kept words, are weighted (the rest
-#: cost time: p90 of a hybrid search at 10,000 memories 24 -> 21 ms, the same development recall).
-RERANKED = 200
-
-
-def _weighted_rank() -> str:
-    """Sum over the kept words (``qq.ws``, weights ``qq.idfs``) of weight * ``ts_rank`` of the word alone."""
-    each = "qq.idfs[{0}] * ts_rank(tsv, qq.ws[{0}], 1)"
-    slots = " + ".join(f"coalesce({each.format(i)}, 0)" for i in range(1, _WORD_SLOTS + 1))
-    more = f"qq.ws[{_WORD_SLOTS + 1}:], qq.idfs[{_WORD_SLOTS + 1}:]"
-    rest = f"(SELECT sum(u.idf * ts_rank(tsv, u.w, 1)) FROM unnest({more}) AS u(w, idf))"
-    return f"{slots} + CASE WHEN cardinality(qq.ws) > {_WORD_SLOTS} THEN {rest} ELSE 0 END"
-
-
-def text_sql(clause: str) -> str:
-    """Full-text search: any distinctive word of the query matches (English stemming, stop words dropped).
-
-    A word of the query found in more than ``COMMON_WORD_SHARE`` of the owner's memories
-    and in more than ``COMMON_WORD_MIN`` (a speaker's name in every turn they said, "many"
-    in "how many") is left out when the query has a rarer word (when every word is that
-    common, all of them are kept): every memory holding it would have to be ranked. Each
-    kept word is ranked alone by ``ts_rank`` (its count in the memory, saturating, divided
-    by 1 + the log of the memory's length: normalisation 1, which suits memories of very
-    different lengths) and weighs :data:`_IDF`, from the owner's counts only: PostgreSQL's
-    full-text ranking has no inverse document frequency, and would rank a memory sharing
-    only a frequent word of the query as high as one sharing its subject. Only the
-    ``RERANKED`` best by the plain ``ts_rank`` of the kept words are weighted. Each word's
-    count is one row of ``WORDS`` (migration 5). ``bench/retrieval.py`` chose all of this
-    on its development split.
-    """
-    cap = f"greatest({COMMON_WORD_SHARE} * n.n, {COMMON_WORD_MIN})"
-    count = f"coalesce((SELECT memories FROM {WORDS} WHERE owner = :owner AND word = {{}}), 0)"
-    # counted up to the share and one more (capped): when every word is common, they are all kept
-    capped = f"least(df.c, floor({cap}) + 1)"
-    return (
-        f"WITH n AS MATERIALIZED (SELECT {count.format(literal(''))} AS n), "
-        f"df AS MATERIALIZED (SELECT lexeme, {count.format('lexeme')} AS c "
-        "FROM unnest(tsvector_to_array(to_tsvector('english', :query))) AS lexeme), "
-        f"kept AS MATERIALIZED (SELECT {_QUOTED_LEXEME} AS w, {_IDF} AS idf FROM df, n WHERE df.c > 0 "
-        f"AND {capped} <= greatest({cap}, (SELECT min({capped}) FROM df, n WHERE df.c > 0))), "
-        "qq AS MATERIALIZED (SELECT CAST(string_agg(w, ' | ' ORDER BY w) AS tsquery) AS q, "
-        "array_agg(CAST(w AS tsquery) ORDER BY w) AS ws, array_agg(idf ORDER BY w) AS idfs FROM kept), "
-        # the best by the plain ts_rank (every tie with the last kept), re-ranked on the text vector alone
-        # (every tie with the k-th kept); the other columns only for the hits
-        f"pool AS (SELECT id, tsv FROM qq, {TABLE} WHERE {clause} AND tsv @@ qq.q "
-        f"ORDER BY ts_rank(tsv, qq.q, 1) DESC FETCH FIRST {RERANKED} ROWS WITH TIES), "
-        f"top AS (SELECT id, {_weighted_rank()} AS rank FROM qq, pool "
-        "ORDER BY rank DESC FETCH FIRST :k ROWS WITH TIES) "
-        f"SELECT {SELECT_COLUMNS}, top.rank FROM {TABLE} JOIN top USING (id) WHERE owner = :owner "
-        f"ORDER BY top.rank DESC, {TIES} LIMIT :k"
-    )
-
-
 def words_partition(partition: str) -> str:
-    """The partition of ``WORDS`` that holds the word counts of the owners of a memory partition."""
-    return partition.replace(TABLE, WORDS, 1)
+    """The partition of ``WORDS`` that holds the word counts of the owners of a memory partition.
+
+    By its number: a partition's name from ``regclass`` lacks the schema when that is on the search path.
+
+    Examples:
+        >>> words_partition("statekeep_memory.memories_p3"), words_partition("memories_p12")
+        ('statekeep_memory.memory_words_p3', 'statekeep_memory.memory_words_p12')
+    """
+    return f"{WORDS}_p{int(partition.rsplit('_p', 1)[1])}"
 
 
 def partition_of(conn: Connection, owner: str) -> str:

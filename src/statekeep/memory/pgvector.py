@@ -34,6 +34,7 @@ from statekeep.db import Database, upgrade
 from statekeep.db.engine import storage_error
 from statekeep.db.migrations import current_version
 from statekeep.errors import ConfigError, ErasureError, StorageError
+from statekeep.memory import _pg_search as ps
 from statekeep.memory import _pgsql as q
 from statekeep.memory import base
 from statekeep.memory._pg_pipeline import Pipelined, Statement
@@ -193,13 +194,13 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
     def _nearest_statement(
         self, owner: str, vector: Vectors, n: int, filters: Filters, now: datetime, *, exact: bool
     ) -> Statement:
-        clause, params = q.scope_where(to_us(now), filters)
-        sql = q.nearest_sql(self.embedder.name, vector.shape[0], clause, exact=exact)
+        clause, params = ps.scope_where(to_us(now), filters)
+        sql = ps.nearest_sql(self.embedder.name, vector.shape[0], clause, exact=exact)
         return Statement(sql, {**params, "owner": owner, "q": vector, "k": n})
 
     def _text_statement(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> Statement:
-        clause, params = q.scope_where(to_us(now), filters)
-        return Statement(q.text_sql(clause), {**params, "owner": owner, "query": query, "k": k})
+        clause, params = ps.scope_where(to_us(now), filters)
+        return Statement(ps.text_sql(clause), {**params, "owner": owner, "query": query, "k": k})
 
     @staticmethod
     def _neighbours(rows: list[dict[str, Any]]) -> list[SearchResult]:
@@ -212,7 +213,7 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
     ) -> list[SearchResult]:
         exact = not self._is_big(owner)
         fetch = functools.partial(self._fetch_nearest, owner, vector, filters, now)
-        # exact: one more than k, and more only if that one ties with the k-th (see q.nearest_sql)
+        # exact: one more than k, and more only if that one ties with the k-th (see ps.nearest_sql)
         return base.top_k(fetch, k) if exact else fetch(k, exact=False)
 
     def _fetch_nearest(
@@ -236,8 +237,8 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         return hits, [SearchResult(from_row(r), float(r["rank"])) for r in text_rows]
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
-        clause, params = q.scope_where(to_us(now), None)
-        sql = q.nearest_each_sql(self.embedder.name, vectors.shape[1], clause)
+        clause, params = ps.scope_where(to_us(now), None)
+        sql = ps.nearest_each_sql(self.embedder.name, vectors.shape[1], clause)
         found: list[SearchResult | None] = [None] * len(vectors)
         statement = Statement(sql, {**params, "owner": owner, "vs": list(vectors)})
         for r in self._run(owner, [statement], write=False, search=True)[0]:
@@ -311,10 +312,23 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
                     f"optimize() may not vacuum {', '.join(refused)} as {role!r}: run it as the tables' "
                     "owner, or have the owner call grant() for this role (PostgreSQL 17 or later)",
                 )
+            if full:
+                self._recount()
             self._vacuum([command])
         except sa.exc.SQLAlchemyError as exc:
             raise storage_error(exc, f"optimizing the memories ({command})") from exc
         self._big.clear()
+
+    def _recount(self) -> None:
+        """Count every owner's words again from the memories, as the tables' owner (a confined role sees
+        none): this repairs what was written around the store (by SQL, or by a store older than the
+        counts) while writers wait; searches go on."""
+        with self.db.begin("recounting the words of the memories") as conn:
+            if self._confined(conn):
+                return
+            conn.exec_driver_sql(f"LOCK TABLE {q.TABLE}, {q.WORDS} IN SHARE ROW EXCLUSIVE MODE")
+            conn.exec_driver_sql(f"DELETE FROM {q.WORDS}")
+            conn.exec_driver_sql(q.RECOUNT)
 
     def _vacuum(self, commands: list[str]) -> None:
         """Run ``VACUUM`` commands, which cannot run inside a transaction, on a connection of their own."""
@@ -322,14 +336,19 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
             for command in commands:
                 conn.exec_driver_sql(command)
 
+    @staticmethod
+    def _confined(conn: Connection) -> bool:
+        """Whether row-level security confines this role (to the owner set, or to none)."""
+        confined = conn.execute(sa.text("SELECT row_security_active(CAST(:t AS regclass))"), {"t": q.TABLE})
+        return bool(confined.scalar())
+
     def _sees_every_owner(self, conn: Connection, what: str) -> None:
         """Refuse to work across owners as a role that row-level security confines.
 
         Such a role sees no rows without an owner set: purging or re-embedding
         would find nothing and report 0, and expired memories would stay.
         """
-        confined = conn.execute(sa.text("SELECT row_security_active(CAST(:t AS regclass))"), {"t": q.TABLE})
-        if confined.scalar():
+        if self._confined(conn):
             role = conn.execute(sa.text("SELECT current_user")).scalar()
             raise ConfigError(
                 self.db.setting,
