@@ -97,18 +97,27 @@ def _create(conn: Connection) -> None:
             PRIMARY KEY (owner, id)
         ) PARTITION BY HASH (owner)"""
     )
-    for i in range(PARTITIONS):
-        part = f"{TABLE}_p{i}"
-        conn.exec_driver_sql(
-            f"CREATE TABLE {part} PARTITION OF {TABLE} FOR VALUES WITH (MODULUS {PARTITIONS}, REMAINDER {i})"
-        )
-        _secure(conn, part)
-    _secure(conn, TABLE)
+    _partition(conn, TABLE)
     conn.exec_driver_sql(f"CREATE INDEX memories_tsv ON {TABLE} USING gin (tsv)")
     conn.exec_driver_sql(f"CREATE INDEX memories_expiry ON {TABLE} (expires_us) WHERE expires_us IS NOT NULL")
     conn.exec_driver_sql(f"CREATE INDEX memories_model ON {TABLE} (model)")
     for column in PRIVATE_COLUMNS:
         conn.exec_driver_sql(f"ALTER TABLE {TABLE} ALTER COLUMN {column} SET STATISTICS 0")
+
+
+def partitions(table: str) -> list[str]:
+    """The hash partitions of ``TABLE`` or ``WORDS``: partition i of both holds the same owners."""
+    return [f"{table}_p{i}" for i in range(PARTITIONS)]
+
+
+def _partition(conn: Connection, table: str) -> None:
+    """Create the hash partitions of ``table`` by owner, each under row-level security like the table."""
+    for i, part in enumerate(partitions(table)):
+        conn.exec_driver_sql(
+            f"CREATE TABLE {part} PARTITION OF {table} FOR VALUES WITH (MODULUS {PARTITIONS}, REMAINDER {i})"
+        )
+        _secure(conn, part)
+    _secure(conn, table)
 
 
 def _secure(conn: Connection, table: str) -> None:
@@ -228,8 +237,7 @@ COUNT_WRITTEN = _count(f"(SELECT owner, tsv FROM {TABLE} WHERE owner = :owner AN
 _COUNT_REMOVED = f"""CREATE FUNCTION {SCHEMA}.count_removed_words() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
   {_count("removed", "-")};
-  DELETE FROM {WORDS} AS w USING (SELECT DISTINCT owner, unnest(tsvector_to_array(tsv)) AS word FROM removed
-    UNION SELECT DISTINCT owner, '' FROM removed) AS r
+  DELETE FROM {WORDS} AS w USING (SELECT DISTINCT owner, {_WORDS_OF} FROM removed) AS r
     WHERE w.owner = r.owner AND w.word = r.word AND w.memories <= 0;
   RETURN NULL;
 END
@@ -249,13 +257,7 @@ def _count_words(conn: Connection) -> None:
         f"CREATE TABLE {WORDS} (owner text NOT NULL, word text NOT NULL, memories integer NOT NULL, "
         "PRIMARY KEY (owner, word)) PARTITION BY HASH (owner)"
     )
-    for i in range(PARTITIONS):  # the same partitions as the memories: erasing an owner rewrites one of each
-        part = f"{WORDS}_p{i}"
-        conn.exec_driver_sql(
-            f"CREATE TABLE {part} PARTITION OF {WORDS} FOR VALUES WITH (MODULUS {PARTITIONS}, REMAINDER {i})"
-        )
-        _secure(conn, part)
-    _secure(conn, WORDS)
+    _partition(conn, WORDS)  # the same partitions as the memories: erasing an owner rewrites one of each
     for column in ("owner", "word", "memories"):  # an owner's count of memories would be a sample too
         conn.exec_driver_sql(f"ALTER TABLE {WORDS} ALTER COLUMN {column} SET STATISTICS 0")
     conn.exec_driver_sql(RECOUNT)
@@ -301,11 +303,10 @@ def _grant_like_memories(conn: Connection) -> None:
         for role in conn.execute(sa.text(_GRANTEES), {"t": TABLE, "what": what}).all():
             if role.holds:  # a reader searches (reads the counts); a writer also changes them
                 conn.exec_driver_sql(f"GRANT {privileges} ON {WORDS} TO {role.role}")
-    params = {"t": f"{TABLE}_p0", "what": "MAINTAIN"}  # erasure's VACUUM FULL (PostgreSQL 17 and later)
+    params = {"t": partitions(TABLE)[0], "what": "MAINTAIN"}  # erasure's VACUUM FULL (PostgreSQL 17+)
     for role in conn.execute(sa.text(_GRANTEES), params).all():
         if role.holds:
-            parts = ", ".join(f"{WORDS}_p{i}" for i in range(PARTITIONS))
-            conn.exec_driver_sql(f"GRANT MAINTAIN ON {parts} TO {role.role}")
+            conn.exec_driver_sql(f"GRANT MAINTAIN ON {', '.join(partitions(WORDS))} TO {role.role}")
 
 
 MIGRATIONS = [
@@ -404,16 +405,16 @@ def words_partition(partition: str) -> str:
         >>> words_partition("statekeep_memory.memories_p3"), words_partition("memories_p12")
         ('statekeep_memory.memory_words_p3', 'statekeep_memory.memory_words_p12')
     """
-    return f"{WORDS}_p{int(partition.rsplit('_p', 1)[1])}"
+    return partitions(WORDS)[int(partition.rsplit("_p", 1)[1])]
 
 
 def partition_of(conn: Connection, owner: str) -> str:
     """The partition of the memories that holds (or would hold) an owner's rows."""
-    for i in range(PARTITIONS):
+    for i, part in enumerate(partitions(TABLE)):
         row = conn.execute(
             sa.text("SELECT satisfies_hash_partition(CAST(:parent AS regclass), :m, :r, CAST(:o AS text))"),
             {"parent": TABLE, "m": PARTITIONS, "r": i, "o": owner},
         ).scalar_one()
         if row:
-            return f"{TABLE}_p{i}"
+            return part
     raise AssertionError("hash partitions cover every owner")  # pragma: no cover

@@ -117,7 +117,7 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         neither: then the database itself refuses another owner's rows.
         """
         ident = self.db.engine.dialect.identifier_preparer.quote(role)
-        parts = [f"{table}_p{i}" for table in (q.TABLE, q.WORDS) for i in range(q.PARTITIONS)]
+        parts = q.partitions(q.TABLE) + q.partitions(q.WORDS)
         with self.db.begin() as conn:
             conn.exec_driver_sql(f"GRANT USAGE ON SCHEMA {q.SCHEMA} TO {ident}")
             conn.exec_driver_sql(f"GRANT SELECT ON {q.SCHEMA}.memory_migrations TO {ident}")
