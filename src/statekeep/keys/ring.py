@@ -42,8 +42,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from sqlalchemy.engine import Connection
 
 from statekeep.db import Database, Migration, upgrade
+from statekeep.db.rewrite import MARK, rewrite
 from statekeep.db.types import UTCDateTime
-from statekeep.errors import ErasureError, InvalidInputError, SealedDataError
+from statekeep.errors import InvalidInputError, SealedDataError
 from statekeep.keys.provider import NONCE, KeyProvider
 
 SCHEMA = "statekeep_keys"
@@ -247,11 +248,13 @@ class KeyRing:
         """Delete every data key of ``owner``: their sealed values can never be opened again.
 
         On PostgreSQL the owner's partition of the key table is then rewritten
-        (``VACUUM FULL``), so no dead tuple keeps a wrapped key; on SQLite the
+        (``VACUUM FULL``), so no dead tuple keeps a wrapped key, once no transaction
+        older than the delete remains (:func:`statekeep.db.rewrite.rewrite`); on SQLite the
         delete runs with ``secure_delete`` on, and the WAL is truncated.
 
         Raises:
-            ErasureError: the keys were deleted but the partition could not be rewritten.
+            ErasureError: the keys were deleted but the partition could not be rewritten, or a
+                transaction older than the delete still saw them; shred again.
         """
         with self.db.begin(f"shredding the data keys of {owner!r}") as conn:
             deleted = conn.execute(
@@ -259,13 +262,14 @@ class KeyRing:
             )
             ids = [r[0] for r in deleted]
             partition = self._partition_of(conn, owner)
+            mark = conn.exec_driver_sql(MARK).scalar_one() if partition is not None else ""
         with self._lock:
             self._current.pop(owner, None)
             for dek_id in ids:
                 self._by_id.pop(dek_id, None)
         locations = [f"{self.db.name}: {SCHEMA}.data_keys rows of the owner deleted"]
         if partition is not None:
-            _vacuum_full(self.db, partition, owner)
+            rewrite(self.db, [partition], mark=mark, owner=owner)
             locations.append(f"{partition}: rewritten (VACUUM FULL), no wrapped key left in a dead tuple")
         else:
             scrubbed = self.db.scrub()
@@ -427,15 +431,6 @@ class KeyRing:
             if hit:
                 return f"{SCHEMA}.data_keys_p{i}"
         raise AssertionError("hash partitions cover every owner")  # pragma: no cover
-
-
-def _vacuum_full(db: Database, partition: str, owner: str) -> None:
-    try:
-        with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.exec_driver_sql(f"VACUUM (FULL) {partition}")
-    except sa.exc.SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-        raise ErasureError(owner, f"VACUUM FULL {partition}", reason) from exc
 
 
 def _now() -> datetime:

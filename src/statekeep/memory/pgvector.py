@@ -8,7 +8,9 @@
   so a small owner in a big table still gets ``k`` results.
 * Erasure deletes the rows, then ``VACUUM FULL`` rewrites the owner's partition:
   heap, TOAST and every index are written anew, so no freed page still holds
-  the deleted bytes (a plain ``VACUUM`` only marks them free). Statistics are
+  the deleted bytes (a plain ``VACUUM`` only marks them free). It first waits
+  for the transactions older than the delete, which would keep the deleted rows
+  (:mod:`statekeep.db.rewrite`). Statistics are
   off on every column and index expression that holds memory content, and
   erasure clears whatever pg_statistic sampled of the partition's indexes.
 * One round trip per call: a search's transaction (its owner setting and search
@@ -33,7 +35,8 @@ from statekeep._check import check_int
 from statekeep.db import Database, upgrade
 from statekeep.db.engine import storage_error
 from statekeep.db.migrations import current_version
-from statekeep.errors import ConfigError, ErasureError, StorageError
+from statekeep.db.rewrite import MARK, rewrite
+from statekeep.errors import ConfigError, StorageError
 from statekeep.memory import _pg_search as ps
 from statekeep.memory import _pgsql as q
 from statekeep.memory import base
@@ -275,8 +278,9 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
             )
             removed = [r.id for r in deleted]
             q.clear_statistics(conn, partition)
+            mark = conn.exec_driver_sql(MARK).scalar_one()
         words = q.words_partition(partition)
-        self._rewrite([partition, words], owner)
+        rewrite(self.db, [partition, words], mark=mark, owner=owner)
         self._big.pop(owner, None)
         locations = [
             f"{partition}: heap, TOAST and every index rewritten (VACUUM FULL)",
@@ -284,14 +288,6 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
             f"{partition}: no pg_statistic row of its index expressions",
         ]
         return removed, locations, list(NOT_REACHED)
-
-    def _rewrite(self, partitions: list[str], owner: str) -> None:
-        """``VACUUM FULL`` writes each partition, its TOAST and its indexes to new files."""
-        try:
-            self._vacuum([f"VACUUM (FULL) {partition}" for partition in partitions])
-        except sa.exc.SQLAlchemyError as exc:
-            reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-            raise ErasureError(owner, "VACUUM FULL", reason) from exc
 
     def _optimize(self, full: bool) -> None:
         """``VACUUM (ANALYZE)``: planner statistics and a visibility map for what was just written.
@@ -362,9 +358,11 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         with self.db.begin() as conn:
             self._sees_every_owner(conn, "purge_expired")
             parts = [r.part for r in conn.execute(sa.text(sql), {"now_us": to_us(now)})]
+            mark = conn.exec_driver_sql(MARK).scalar_one() if parts else ""
         if parts:
             partitions = sorted(set(parts))
-            self._rewrite(partitions + [q.words_partition(p) for p in partitions], "(expired)")
+            tables = partitions + [q.words_partition(p) for p in partitions]
+            rewrite(self.db, tables, mark=mark, owner="(expired)")
         return len(parts)
 
     # --- re-embedding ---------------------------------------------------------------------
