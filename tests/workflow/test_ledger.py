@@ -1,14 +1,15 @@
-"""The tool-call ledger's input check; its invariants (keys, replay, reconcilers, ambiguous calls)
-are in the conformance suite."""
+"""The tool-call ledger's input check and its lease; its invariants (keys, replay, reconcilers,
+ambiguous calls) are in the conformance suite."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
 from statekeep.errors import InvalidInputError
-from statekeep.workflow import Registry, RunContext
+from statekeep.workflow import Registry, Run, RunContext, RunStatus
 
 from .conftest import EngineFactory
 
@@ -30,3 +31,31 @@ def test_non_json_tool_arguments_are_refused_before_the_call(make_engine: Engine
     with pytest.raises(InvalidInputError, match="not JSON"):
         engine.run(wf, "r")
     assert (ran, engine.store.tool_calls("r")) == ([], [])
+
+
+def test_a_holder_whose_lease_lapsed_leases_the_run_again_before_a_tool_call(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Heartbeats that fell behind (a stalled machine) let the lease lapse; starting a tool call
+    leases the run again, in the transaction that records the call, so no other worker can claim
+    the run (and call the tool a second time) while the call runs."""
+    registry = Registry()
+    claimed: list[Run] = []
+
+    @registry.tool()
+    def charge(key: str, n: int) -> int:
+        claimed.extend(other.store.claim("other", 30, 10, [("w", 1)]))  # another worker looks, mid-call
+        return n
+
+    @registry.workflow("w", version=1)
+    def wf(ctx: RunContext) -> Any:
+        ctx.step("stall", time.sleep, 0.8)  # longer than the lease: it lapses here
+        return ctx.call_tool(charge, 5)
+
+    engine = make_engine(registry, lease=0.4)
+    monkeypatch.setattr(engine.store, "heartbeat", lambda *args: True)  # beats that never land
+    other = make_engine(registry)
+    run = engine.run(wf, "r")
+    assert claimed == []
+    assert (run.status, run.output) == (RunStatus.COMPLETED, 5)
+    assert [(c.status, c.result) for c in engine.store.tool_calls("r")] == [("completed", 5)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -303,6 +304,26 @@ class RunsAndLeases:
             tx.record_step(step_record("r", 1, "s0", "A0"))
         assert [s.name for s in store.steps("r")] == ["s0"]
         assert store.checkpoint("r").last_seq == 1
+
+    def test_extend_lease_keeps_a_lapsed_run_for_its_holder_under_the_epoch(
+        self, store: WorkflowStore
+    ) -> None:
+        """A holder whose lease lapsed leases the run again (no claim takes it); a stale one cannot."""
+        engine = Engine(store, three_steps([]))
+        engine.start(engine.registry.get("three", 1), "r", "a")
+        held = store.acquire("r", "worker-a", 0.05)
+        assert held is not None
+        time.sleep(0.1)  # the lease lapses: any worker's claim would take the run now
+        with store.fenced(held) as tx:
+            tx.extend_lease(60)
+        assert store.claim("worker-b", 30, 10, [("three", 1)]) == []
+        assert store.get("r").lease_owner == "worker-a"
+        live = store.acquire("r", "worker-b", 30)  # a person's explicit takeover
+        assert live is not None
+        with pytest.raises(LeaseLostError), store.fenced(held) as tx:
+            tx.extend_lease(60)
+        after = store.get("r")
+        assert (after.epoch, after.lease_owner) == (live.epoch, "worker-b")
 
     def test_a_fenced_transaction_that_raises_writes_nothing(self, store: WorkflowStore) -> None:
         """Everything written in one fenced transaction commits together, or nothing does."""

@@ -107,6 +107,19 @@ class RunWrite(ABC):
         """Record a tool call as started, with its idempotency key, before it runs."""
 
     @abstractmethod
+    def extend_lease(self, seconds: float) -> None:
+        """Lease the run to its holder for ``seconds`` from now, under the transaction's epoch.
+
+        Written in the transaction that records a tool call as started, before the tool
+        runs: a holder whose heartbeats fell behind (a stalled machine, a slow commit) has
+        its whole lease again when the call's effect begins, or hears "lease lost" and
+        makes no call; no other worker can take the run over while the call is young.
+
+        Raises:
+            LeaseLostError: the run was taken over; nothing of the transaction is written.
+        """
+
+    @abstractmethod
     def restart_call(self, seq: int) -> None:
         """Mark a settled ambiguous call as started again, just before it is re-run."""
 

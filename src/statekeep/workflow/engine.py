@@ -217,7 +217,7 @@ class Engine:
 
     def _execute(self, run: Run) -> Run:
         workflow = self._resolve(run)
-        exe = Execution(self.store, run, workflow, states=self.state_store, children=self)
+        exe = Execution(self.store, run, workflow, states=self.state_store, children=self, lease=self.lease)
         with self._heartbeats.held(run):
             try:
                 output = _invoke(exe, self.store, run.input)

@@ -84,8 +84,10 @@ class Execution:
         *,
         states: WorkingStateStore | None,
         children: ChildRunner,
+        lease: float = 30.0,
     ) -> None:
         self.store, self.run, self.workflow = store, run, workflow
+        self.lease = lease  # seconds: what a tool call's start extends the lease to
         self.states, self.children = states, children
         self.loop: asyncio.AbstractEventLoop | None = None
         self._seq = 0

@@ -328,6 +328,9 @@ class MemoryRunWrite(RunWrite):
             raise StorageError(f"run {self.run.run_id!r}: tool call {seq} ({key!r}) is already recorded")
         self.calls[seq] = CallRow(self.run.run_id, seq, tool, key, args, "started", now())
 
+    def extend_lease(self, seconds: float) -> None:
+        self.row.lease_expires_at = now() + timedelta(seconds=seconds)  # fenced by the epoch at commit
+
     def restart_call(self, seq: int) -> None:
         call = self._call(seq)
         if call is not None:

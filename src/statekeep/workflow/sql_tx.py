@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -37,6 +37,14 @@ FENCE = (
     runs.update()
     .where(runs.c.run_id == sa.bindparam("rid"), runs.c.epoch == sa.bindparam("ep"))
     .values(updated_at=sa.bindparam("now", type_=UTCDateTime))
+)
+_HOLD = (
+    runs.update()
+    .where(runs.c.run_id == sa.bindparam("rid"), runs.c.epoch == sa.bindparam("ep"))
+    .values(
+        lease_expires_at=sa.bindparam("expires", type_=UTCDateTime),
+        updated_at=sa.bindparam("now", type_=UTCDateTime),
+    )
 )
 _INSERT_STEP = steps.insert()
 _CHECKPOINT = (
@@ -170,6 +178,13 @@ class SQLRunWrite(RunWrite):
 
     def _call(self, seq: int) -> sa.Update:
         return tool_calls.update().where(tool_calls.c.run_id == self._rid, tool_calls.c.seq == seq)
+
+    def extend_lease(self, seconds: float) -> None:
+        stamp = now()
+        params = {"rid": self._rid, "ep": self.run.epoch, "expires": stamp + timedelta(seconds=seconds)}
+        if self._conn.execute(_HOLD, {**params, "now": stamp}).rowcount != 1:  # the fence itself
+            raise LeaseLostError(self._rid, self.run.epoch)
+        self._fenced = True
 
     def restart_call(self, seq: int) -> None:
         self.conn.execute(self._call(seq).values(status="started", started_at=now()))

@@ -46,6 +46,7 @@ def call(exe: Execution, tool: Tool[Any, Any], args: tuple[Any, ...], kwargs: di
         entry = exe.store.tool_call(exe.run_id, seq)
         if entry is None:
             with exe.write() as tx:
+                tx.extend_lease(exe.lease)  # the whole lease for the call, or no call
                 tx.start_call(seq, tool.name, key, encoded)
             return _invoke(exe, seq, tool, key, args, kwargs)
         if entry.status == "completed":
@@ -99,6 +100,7 @@ def _settle(exe: Execution, seq: int, tool: Tool[Any, Any], entry: LedgerEntry) 
 
 def _rerun(exe: Execution, seq: int, tool: Tool[Any, Any], entry: LedgerEntry) -> Any:
     with exe.write() as tx:
+        tx.extend_lease(exe.lease)
         tx.restart_call(seq)
     return _invoke(exe, seq, tool, entry.key, tuple(entry.args), entry.kwargs)
 
