@@ -11,7 +11,9 @@ on new progress, never during replay):
 * ``before_commit``: a journal entry is written, its transaction not yet committed.
 
 Step executions and tool effects are counted outside the database, in one append-only
-file (O_APPEND), a line each: ``exec <run>/<step> <token>`` and ``effect <key>``.
+file (O_APPEND), a line each: ``exec <run>/<step> <token>`` and ``effect <key> <pid> <time>``.
+What would explain a repeated effect goes to ``calls.log``: each worker's pid, each call's
+start and each reconciler's verdict, with the process and the time.
 """
 
 from __future__ import annotations
@@ -186,13 +188,15 @@ def shapes_registry(work: Path, faults: Faults) -> Registry:
     actions = work / "actions.log"
 
     def reconciler(call: LedgerEntry) -> Reconciliation:
-        found = f"effect {call.key}" in lines(actions)
+        found = any(line.split()[:2] == ["effect", call.key] for line in lines(actions))
+        append(work / "calls.log", f"reconciled {call.key} {found} {os.getpid()} {time.time():.3f}")
         return Reconciliation(found, {"charged": call.args[0]} if found else None)
 
     @registry.tool("charge", reconciler=reconciler)
     def charge(key: str, n: int) -> dict[str, int]:
+        append(work / "calls.log", f"started {key} {os.getpid()} {time.time():.3f}")
         time.sleep(SLOW_CALL)  # a slow provider: a worker is often inside the call when another looks
-        append(actions, f"effect {key}")
+        append(actions, f"effect {key} {os.getpid()} {time.time():.3f}")
         faults.hit("tool_started")
         return {"charged": n}
 
@@ -245,6 +249,7 @@ def shapes_worker(
 ) -> None:
     """A worker process: drain runnable runs (until killed, or idle for ``idle_exit`` s)."""
     log_to(work / f"{owner}.log")
+    append(work / "calls.log", f"worker {owner} {os.getpid()} {time.time():.3f}")
     faults = Faults(point, n)
     db = Database(url)
     faults.watch(db)
