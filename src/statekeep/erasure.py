@@ -152,7 +152,7 @@ def erase_owner(
     items += _delete_agent_items(context, session_ids)
     forgotten: ForgetReceipt | None = memory.forget(owner) if memory is not None else None
     shredded = keys.shred(owner) if keys is not None else None
-    locations = [f"{db!r}: {db.scrub()}" for db in _databases(context, working, workflow)]
+    locations = [f"{db!r}: {db.scrub(owner)}" for db in _databases(context, working, workflow)]
     if shredded is not None:
         locations.extend(shredded.locations)
     if forgotten is not None:

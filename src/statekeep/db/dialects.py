@@ -59,11 +59,12 @@ class Dialect:
         """
         return {}
 
-    def scrub(self, engine: Engine) -> str:
+    def scrub(self, engine: Engine, wait: float) -> str | None:
         """After an erasure: make the deleted bytes unrecoverable from the database's files; say how.
 
-        The base (PostgreSQL) does nothing here: sealed payloads are crypto-shredded,
-        and what must really go is rewritten by the store that holds it.
+        None when something kept the bytes for ``wait`` seconds. The base (PostgreSQL)
+        does nothing here: sealed payloads are crypto-shredded, and what must really
+        go is rewritten by the store that holds it.
         """
         return "nothing to rewrite"
 
@@ -74,6 +75,10 @@ class Dialect:
         claim already holds the database's only write lock.
         """
         return query
+
+
+#: How long a SQLite connection waits for a lock held by another, in milliseconds.
+BUSY_TIMEOUT_MS = 60_000
 
 
 def _enter_wal(cur: Any) -> None:
@@ -119,7 +124,7 @@ class SQLiteDialect(Dialect):
         def _connect(dbapi_conn: Any, _record: Any) -> None:
             dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA busy_timeout=60000")
+            cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             _enter_wal(cur)
             cur.execute("PRAGMA synchronous=FULL")
             cur.execute("PRAGMA foreign_keys=ON")
@@ -134,27 +139,32 @@ class SQLiteDialect(Dialect):
     def insert(self, table: sa.Table) -> Any:
         return sqlite.insert(table)
 
-    def scrub(self, engine: Engine) -> str:
+    def scrub(self, engine: Engine, wait: float) -> str | None:
         """Checkpoint the WAL into the database and truncate it to zero bytes.
 
-        Old WAL frames still hold page images from before a delete; the checkpoint
-        waits (``busy_timeout``) for readers of older snapshots, and is retried a
-        few times when one keeps it from finishing.
+        Old WAL frames still hold page images from before a delete. Truncating waits
+        for every reader of the WAL to finish; the checkpoint is tried again, a second
+        of ``busy_timeout`` at a time, for ``wait`` seconds at most (not the minute a
+        write waits, again and again): None when a reader outlasts it.
         """
-        result: tuple[int, int, int] = (1, -1, -1)
-        for attempt in range(20):
-            raw = engine.raw_connection()  # autocommit: a checkpoint cannot run inside a transaction
+        deadline = time.monotonic() + wait
+        raw = engine.raw_connection()  # autocommit: a checkpoint cannot run inside a transaction
+        try:
+            cur = raw.cursor()
+            cur.execute("PRAGMA busy_timeout=1000")
             try:
-                cur = raw.cursor()
-                row = cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-                cur.close()
+                while True:
+                    row = cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                    if not row or int(row[0]) == 0:
+                        return "WAL checkpointed and truncated to 0 bytes (secure_delete zeroed freed pages)"
+                    if time.monotonic() >= deadline:
+                        return None
+                    time.sleep(0.05)
             finally:
-                raw.close()
-            result = (int(row[0]), int(row[1]), int(row[2])) if row else (0, 0, 0)
-            if result[0] == 0:
-                return "WAL checkpointed and truncated to 0 bytes (secure_delete zeroed the freed space)"
-            time.sleep(0.05 * (attempt + 1))
-        return f"WAL checkpoint blocked by a reader (busy={result[0]}): run erase again to truncate it"
+                cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+                cur.close()
+        finally:
+            raw.close()
 
     def write_options(self) -> dict[str, Any]:
         return {"sqlite_begin": "IMMEDIATE"}

@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 
 from statekeep._extras import requires
 from statekeep._redact import redact_url
-from statekeep.db import aio
+from statekeep.db import aio, rewrite
 from statekeep.db.dialects import DIALECTS, Dialect
-from statekeep.errors import ConfigError, StorageError
+from statekeep.errors import ConfigError, ErasureError, StorageError
 
 _DRIVERS = {
     "sqlite": "sqlite",
@@ -198,15 +198,26 @@ class Database:
             reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
             raise ConfigError(self.setting, str(self.url), f"cannot connect: {reason}") from exc
 
-    def scrub(self) -> str:
-        """After an erasure, leave no deleted bytes in the database's files (SQLite: truncate the WAL).
+    def scrub(self, owner: str) -> str:
+        """After erasing ``owner``, leave no deleted bytes in the database's files (SQLite: truncate the WAL).
 
         Returns what was done, for an erasure receipt.
+
+        Raises:
+            ErasureError: a reader kept the old bytes for :data:`statekeep.db.rewrite.WAIT`
+                seconds; erase again once it is done.
         """
         try:
-            return self.dialect.scrub(self.engine)
+            done = self.dialect.scrub(self.engine, rewrite.WAIT)
         except sa.exc.DBAPIError as exc:
             raise storage_error(exc, f"scrubbing {self!r}") from exc
+        if done is None:
+            reason = (
+                f"a reader of {self!r} kept the write-ahead log, whose old frames hold the deleted rows, "
+                f"for {rewrite.WAIT:g} s: end it (close the connection or its transaction)"
+            )
+            raise ErasureError(owner, "truncating the write-ahead log", reason)
+        return done
 
     def dispose(self) -> None:
         """Close every pooled connection (call in a child process after fork)."""

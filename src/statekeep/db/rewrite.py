@@ -19,16 +19,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from statekeep.db.engine import Database
 from statekeep.errors import ErasureError
+
+if TYPE_CHECKING:
+    from statekeep.db.engine import Database
 
 #: The transaction id of the deleting transaction, read inside it (assigning one if it deleted nothing).
 MARK = "SELECT CAST(xid(pg_current_xact_id()) AS text)"
 
-#: How long an erasure waits, in seconds, for transactions older than its delete to end.
+#: How long an erasure waits, in seconds, for transactions older than its delete to end (and, on
+#: SQLite, for the readers of the write-ahead log).
 WAIT = 30.0
 
 #: What may still see rows deleted by the transaction ``:mark``: backends of this database (or of

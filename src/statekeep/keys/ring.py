@@ -272,7 +272,7 @@ class KeyRing:
             rewrite(self.db, [partition], mark=mark, owner=owner)
             locations.append(f"{partition}: rewritten (VACUUM FULL), no wrapped key left in a dead tuple")
         else:
-            scrubbed = self.db.scrub()
+            scrubbed = self.db.scrub(owner)
             locations.append(f"sqlite: deleted with secure_delete; {scrubbed}")
         return ShredReport(len(ids), tuple(locations))
 
