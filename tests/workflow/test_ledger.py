@@ -3,10 +3,14 @@ ambiguous calls) are in the conformance suite."""
 
 from __future__ import annotations
 
+import sqlite3
+import threading
 import time
 from typing import Any
 
+import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 
 from statekeep.errors import InvalidInputError
 from statekeep.workflow import Registry, Run, RunContext, RunStatus
@@ -59,3 +63,38 @@ def test_a_holder_whose_lease_lapsed_leases_the_run_again_before_a_tool_call(
     assert claimed == []
     assert (run.status, run.output) == (RunStatus.COMPLETED, 5)
     assert [(c.status, c.result) for c in engine.store.tool_calls("r")] == [("completed", 5)]
+
+
+def test_a_heartbeat_that_waited_for_a_lock_on_the_run_leases_from_when_it_got_the_row(
+    make_engine: EngineFactory, database_url: str
+) -> None:
+    """Another transaction holds the run's row (an event being sent); the beat waits for it and
+    then leases from that moment, so the run is not claimable the instant the beat returns."""
+    registry = Registry()
+
+    @registry.workflow("w", version=1)
+    def wf(ctx: RunContext) -> None:
+        return None
+
+    engine = make_engine(registry)
+    engine.start(wf, "r")
+    held = engine.store.acquire("r", "worker-a", 1.0)
+    assert held is not None
+    url = make_url(database_url)
+    blocker: Any
+    if url.get_backend_name() == "sqlite":
+        blocker = sqlite3.connect(str(url.database), isolation_level=None, check_same_thread=False)
+        blocker.execute("BEGIN IMMEDIATE")  # SQLite locks the database for writing
+    else:
+        blocker = psycopg.connect(url.set(drivername="postgresql").render_as_string(False))
+        blocker.execute("SELECT 1 FROM statekeep_workflow.runs WHERE run_id = 'r' FOR UPDATE")
+    beats: list[bool] = []
+    beating = threading.Thread(target=lambda: beats.append(engine.store.heartbeat("r", held.epoch, 1.0)))
+    beating.start()
+    time.sleep(1.5)  # longer than the lease the beat asks for
+    blocker.rollback()
+    beating.join(30)
+    blocker.close()
+    assert beats == [True]
+    assert engine.store.claim("worker-b", 30, 10, [("w", 1)]) == []
+    assert engine.store.get("r").lease_owner == "worker-a"

@@ -312,9 +312,9 @@ class WorkflowStore(ABC):
         Without ``parent`` this is an explicit takeover (a person's resume): the run is
         taken from any holder. With ``parent`` (a child run started inline), it is taken
         only while ``parent`` holds its current epoch, in the same transaction, and only
-        if the child's lease has lapsed or the child is held through its parent (by an
-        older, now fenced, holder of the parent); a child a worker claimed on its own
-        is left to that worker.
+        if the child's lease has lapsed: a child with a live lease is left to its holder,
+        even one that held it through an older epoch of the parent (that holder is alive,
+        and may be inside one of the child's tool calls); the parent then waits for it.
 
         Returns:
             The run as taken; the run unchanged if it has finished; None if it is

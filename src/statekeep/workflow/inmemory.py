@@ -233,8 +233,8 @@ class InMemoryWorkflowStore(WorkflowStore):
             if fenced_by is not None:
                 fenced_by.row.updated_at = stamp
             free = row.lease_expires_at is None or row.lease_expires_at < stamp
-            # with a parent: only a lapsed lease, or one held through the parent
-            taken = row.status in LIVE and (parent is None or free or row.lease_parent_epoch is not None)
+            # with a parent: only a lapsed lease (a live holder may be inside a tool call)
+            taken = row.status in LIVE and (parent is None or free)
             if taken:
                 take_lease(row, owner, lease, None if parent is None else parent.epoch)
             return run_record(row) if taken or row.status.finished else None

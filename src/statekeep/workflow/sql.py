@@ -89,12 +89,12 @@ _LEASE = {
     "lease_parent_epoch": sa.bindparam("via", type_=sa.Integer),
 }
 _TAKE = runs.update().where(runs.c.run_id == sa.bindparam("rid"), _IS_LIVE).values(_LEASE).returning(*runs.c)
-# a child taken through its parent: only a lapsed lease, or one held through the parent
+# a child taken through its parent: only a lapsed lease, whoever held it (a live holder, even one
+# fenced out of the parent, may be inside a tool call of the child: taking it would call it again)
 _TAKE_CHILD = _TAKE.where(
     sa.or_(
         runs.c.lease_expires_at.is_(None),
         runs.c.lease_expires_at < sa.bindparam("now", type_=UTCDateTime),
-        runs.c.lease_parent_epoch.is_not(None),
     )
 )
 _REPLAY = (
@@ -352,12 +352,15 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
 
     def heartbeat(self, run_id: str, epoch: int, lease: float) -> bool:
         with self.db.begin() as conn:
-            q = (
-                runs.update()
-                .where(runs.c.run_id == run_id, runs.c.epoch == epoch)
-                .values(lease_expires_at=now() + timedelta(seconds=lease))
-            )
-            return bool(conn.execute(q).rowcount == 1)
+            # the row first, then the time: a beat that waited for another transaction's lock on
+            # the run (an event being sent, a child waking it) leases from when it got the row,
+            # not from before the wait, which could leave a lease that lapsed as it was written
+            lock = sa.select(runs.c.epoch).where(runs.c.run_id == run_id).with_for_update()
+            if conn.execute(lock).scalar() != epoch:
+                return False
+            q = runs.update().where(runs.c.run_id == run_id, runs.c.epoch == epoch)
+            expires = now() + timedelta(seconds=lease)
+            return bool(conn.execute(q.values(lease_expires_at=expires)).rowcount == 1)
 
     def shares(self, db: object) -> bool:
         return db is self.db
