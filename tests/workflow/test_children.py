@@ -95,7 +95,7 @@ def test_a_parent_taken_over_during_its_childs_tool_call_does_not_call_the_tool_
     """The parent's lease lapses while its holder is inside the child's tool call, and another
     worker resumes the parent: it leaves the live child to its holder and waits, instead of
     taking the child and calling the tool a second time (the reconciler, asked mid-call, would
-    say it did not happen). CI's crash test saw that double once per run, twice."""
+    say it did not happen). CI's crash test saw such a double twice."""
     effects: list[str] = []
     resumed: list[Run] = []
     registry = Registry()
