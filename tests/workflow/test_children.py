@@ -11,21 +11,38 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from statekeep.errors import LeaseLostError
-from statekeep.workflow import LedgerEntry, Reconciliation, Registry, Run, RunContext, RunStatus, Worker
+from statekeep.workflow import (
+    LedgerEntry,
+    Reconciler,
+    Reconciliation,
+    Registry,
+    Run,
+    RunContext,
+    RunStatus,
+    Worker,
+)
 
 from .conftest import EngineFactory
 
 
-def family(effects: list[str]) -> Registry:
+def family(
+    effects: list[str],
+    reconciler: Reconciler | None = None,
+    mid_call: Callable[[], None] | None = None,
+) -> Registry:
+    """A parent whose child makes one call of ``charge`` (``mid_call`` runs inside it, first)."""
     registry = Registry()
 
-    @registry.tool("charge")
+    @registry.tool("charge", reconciler=reconciler)
     def charge(key: str) -> str:
+        if mid_call is not None:
+            mid_call()
         effects.append(key)
         return key
 
@@ -98,33 +115,21 @@ def test_a_parent_taken_over_during_its_childs_tool_call_does_not_call_the_tool_
     say it did not happen). CI's crash test saw such a double twice."""
     effects: list[str] = []
     resumed: list[Run] = []
-    registry = Registry()
 
     def happened(call: LedgerEntry) -> Reconciliation:
         return Reconciliation(call.key in effects, call.key if call.key in effects else None)
 
-    @registry.tool("charge", reconciler=happened)
-    def charge(key: str) -> str:
+    def take_over() -> None:
         if not resumed:  # mid-call: the parent is taken over and resumed by another worker
             taken = other.store.acquire("p", "worker-b", 30)
             assert taken is not None
             resumed.append(other.execute(taken))
-        effects.append(key)
-        return key
 
-    @registry.workflow("kid", version=1)
-    def kid(ctx: RunContext) -> str:
-        return str(ctx.call_tool(charge))
-
-    @registry.workflow("parent", version=1)
-    def parent(ctx: RunContext) -> str:
-        ctx.step("before", lambda: None)
-        return "got " + str(ctx.child(kid, "kid-1"))
-
+    registry = family(effects, happened, take_over)
     engine = make_engine(registry)
     other = make_engine(registry, owner="worker-b")
     with contextlib.suppress(LeaseLostError):
-        engine.run(parent, "p")
+        engine.run(registry.get("parent", 1), "p")
     [waiting] = resumed
     assert waiting.status is RunStatus.WAITING_FOR_CHILD
     assert engine.store.get("kid-1").status is RunStatus.COMPLETED  # its holder finished it

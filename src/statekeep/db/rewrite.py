@@ -59,21 +59,21 @@ ORDER BY 1
 """
 
 
-def rewrite(db: Database, tables: Sequence[str], *, mark: str, owner: str, wait: float | None = None) -> None:
-    """``VACUUM FULL`` each of ``tables`` once nothing older than the transaction ``mark`` remains.
+def rewrite(db: Database, tables: Sequence[str], *, mark: str, owner: str) -> None:
+    """``VACUUM FULL`` each of ``tables`` once nothing older than the transaction ``mark`` remains
+    (waiting :data:`WAIT` seconds at most).
 
     Args:
         db: the PostgreSQL database of the tables.
         tables: qualified table (or partition) names.
         mark: what :data:`MARK` returned inside the transaction that deleted the rows.
         owner: whose rows they were, for the error.
-        wait: seconds to wait for older transactions; :data:`WAIT` by default.
 
     Raises:
         ErasureError: a table could not be rewritten, or something older than the delete
             still held its rows after the wait (the tables were rewritten all the same).
     """
-    deadline = time.monotonic() + (WAIT if wait is None else wait)
+    deadline = time.monotonic() + WAIT
     pause = 0.01
     try:
         with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:

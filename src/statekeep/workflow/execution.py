@@ -84,7 +84,7 @@ class Execution:
         *,
         states: WorkingStateStore | None,
         children: ChildRunner,
-        lease: float = 30.0,
+        lease: float,
     ) -> None:
         self.store, self.run, self.workflow = store, run, workflow
         self.lease = lease  # seconds: what a tool call's start extends the lease to

@@ -358,9 +358,9 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
             lock = sa.select(runs.c.epoch).where(runs.c.run_id == run_id).with_for_update()
             if conn.execute(lock).scalar() != epoch:
                 return False
-            q = runs.update().where(runs.c.run_id == run_id, runs.c.epoch == epoch)
-            expires = now() + timedelta(seconds=lease)
-            return bool(conn.execute(q.values(lease_expires_at=expires)).rowcount == 1)
+            expires = now() + timedelta(seconds=lease)  # the row is ours: its epoch stays until commit
+            conn.execute(runs.update().where(runs.c.run_id == run_id).values(lease_expires_at=expires))
+            return True
 
     def shares(self, db: object) -> bool:
         return db is self.db

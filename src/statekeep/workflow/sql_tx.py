@@ -38,14 +38,8 @@ FENCE = (
     .where(runs.c.run_id == sa.bindparam("rid"), runs.c.epoch == sa.bindparam("ep"))
     .values(updated_at=sa.bindparam("now", type_=UTCDateTime))
 )
-_HOLD = (
-    runs.update()
-    .where(runs.c.run_id == sa.bindparam("rid"), runs.c.epoch == sa.bindparam("ep"))
-    .values(
-        lease_expires_at=sa.bindparam("expires", type_=UTCDateTime),
-        updated_at=sa.bindparam("now", type_=UTCDateTime),
-    )
-)
+#: the fence that also leases the run again (a tool call's start)
+_HOLD = FENCE.values(lease_expires_at=sa.bindparam("expires", type_=UTCDateTime))
 _INSERT_STEP = steps.insert()
 _CHECKPOINT = (
     runs.update()
