@@ -16,6 +16,7 @@ from statekeep.config import Settings
 from statekeep.memory import FakeEmbedder
 from statekeep.models import Message, ModelResponse, ScriptedModel, ToolCall
 from statekeep.runtime import Agent, AgentTool, Runtime
+from tests.runtime.conftest import terminal_width
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -113,7 +114,7 @@ def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     monkeypatch.setenv("STATEKEEP_HOME", str(settings.home))
     monkeypatch.setenv("STATEKEEP_DATABASE_URL", settings.database_url)
     monkeypatch.setenv("STATEKEEP_MEMORY_URL", settings.memory_url)
-    monkeypatch.setenv("COLUMNS", "250")
+    terminal_width(monkeypatch, 250)
 
     def run(*args: str) -> tuple[int, str]:
         monkeypatch.setattr(sys, "argv", ["statekeep", *args])

@@ -48,6 +48,19 @@ def apart(settings: Settings) -> tuple[Settings, dict[str, str]]:
     return moved, {"STATEKEEP_CONTEXT_URL": context}
 
 
+def terminal_width(monkeypatch: pytest.MonkeyPatch, columns: int) -> None:
+    """Run the CLI in this process at ``columns`` wide, whatever test imported it first.
+
+    rich reads ``COLUMNS`` once, when a console is made: the CLI's consoles are made at
+    import, so setting the variable alone gives the width of whoever imported the CLI first.
+    """
+    from statekeep.cli import _common
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    for console in (_common.console, _common.err_console):
+        monkeypatch.setattr(console, "_width", columns)
+
+
 def subprocess_env(settings: Settings) -> dict[str, str]:
     """The environment of a child process that opens the same stores."""
     return {

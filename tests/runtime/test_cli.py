@@ -14,7 +14,7 @@ from statekeep.config import Settings
 from statekeep.runtime import Runtime
 from statekeep.workflow import Engine, Registry, RunContext, RunStatus, Worker
 from tests.runtime import agent_app
-from tests.runtime.conftest import ROOT, subprocess_env
+from tests.runtime.conftest import ROOT, subprocess_env, terminal_width
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     monkeypatch.setenv("STATEKEEP_HOME", str(settings.home))
     monkeypatch.setenv("STATEKEEP_DATABASE_URL", settings.database_url)
     monkeypatch.setenv("STATEKEEP_MEMORY_URL", settings.memory_url)
-    monkeypatch.setenv("COLUMNS", "250")
+    terminal_width(monkeypatch, 250)
 
     def run(*args: str, stdin: str | None = None) -> tuple[int, str]:
         monkeypatch.setattr(sys, "argv", ["statekeep", *args])

@@ -26,7 +26,7 @@ from statekeep.models import ScriptedModel
 from statekeep.runtime import Runtime
 from statekeep.workflow import Engine, Registry, RunContext
 from tests.runtime import agent_app
-from tests.runtime.conftest import ROOT, subprocess_env
+from tests.runtime.conftest import ROOT, subprocess_env, terminal_width
 from tests.runtime.test_cli import cli
 
 __all__ = ["cli"]
@@ -108,7 +108,7 @@ def test_listings_print_json_and_whole_ids(
     run_id = "refund-for-customer-4471-order-2025-11-30-0001"
     engine.run(flow, run_id, 120)
     (ask,) = engine.store.approvals()
-    monkeypatch.setenv("COLUMNS", "80")
+    terminal_width(monkeypatch, 80)
     code, out = cli("approvals", "list")
     assert code == 0
     assert ask.approval_id in out

@@ -16,6 +16,7 @@ from statekeep.errors import RunNotFoundError, SessionOwnerError, StateNotFoundE
 from statekeep.models import ModelResponse, ScriptedModel
 from statekeep.runtime import Agent, AgentState, Runtime
 from statekeep.workflow import RunStatus
+from tests.runtime.conftest import terminal_width
 
 CHAT = Agent("chat", system="You chat.", tools=[], memory_k=0)
 SECRET = "My PIN is 4711."
@@ -161,7 +162,7 @@ def test_a_session_from_before_owners_goes_to_the_owner_of_its_first_run(
 
 def _cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     monkeypatch.setattr(sys, "argv", ["statekeep", *args])
-    monkeypatch.setenv("COLUMNS", "250")
+    terminal_width(monkeypatch, 250)
     code = 0
     try:
         main()
