@@ -40,8 +40,12 @@ chromium:
 		$(SUDO) apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium; }
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), a test file to a process: most
+# tests wait on PostgreSQL, a subprocess or a killed worker, so one process left a core idle.
+# Each worker starts its own PostgreSQL and temp folder. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(VENV)/.dev peers chromium
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 # The long crash run (opt-in): every crash test with CRASH_SCALE times its kills; at the
 # default 10 that is over 3,000 SIGKILLs (make test: about 380). Takes a while.
