@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from statekeep.errors import LeaseLostError
 from statekeep.workflow import (
@@ -25,8 +26,10 @@ from statekeep.workflow import (
     Run,
     RunContext,
     RunStatus,
+    SQLWorkflowStore,
     Worker,
 )
+from statekeep.workflow.tables import runs
 
 from .conftest import EngineFactory
 
@@ -104,6 +107,23 @@ def test_a_child_held_through_an_older_parent_epoch_is_taken_only_once_its_lease
     with pytest.raises(LeaseLostError), engine.store.fenced(held) as tx:
         tx.finish(RunStatus.COMPLETED, '"stale"', None)
     assert engine.store.get("kid-1").status is RunStatus.RUNNING
+
+
+def test_a_lease_leaves_no_parent_epoch_for_an_older_worker_to_read(make_engine: EngineFactory) -> None:
+    """Workers of an older version took a child whose lease was live when ``lease_parent_epoch`` was
+    set; every lease now writes it empty, whatever an older worker left there."""
+    engine = make_engine(family([]))
+    engine.start(engine.registry.get("parent", 1), "p")
+    parent = engine.store.acquire("p", "worker-a", 30)
+    assert parent is not None
+    engine.store.open_run(_child_fields(), parent=parent)
+    kid, store = runs.c.run_id == "kid-1", engine.store
+    assert isinstance(store, SQLWorkflowStore)
+    with store.db.begin() as conn:  # as an older worker left it
+        conn.execute(runs.update().where(kid).values(lease_parent_epoch=parent.epoch))
+    assert engine.store.acquire("kid-1", "worker-a", 30, parent=parent) is not None
+    with store.db.read() as conn:
+        assert conn.execute(sa.select(runs.c.lease_parent_epoch).where(kid)).scalar() is None
 
 
 def test_a_parent_taken_over_during_its_childs_tool_call_does_not_call_the_tool_again(

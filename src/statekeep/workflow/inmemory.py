@@ -40,6 +40,7 @@ from statekeep.workflow.inmemory_tx import (
     Tables,
     approval_record,
     finish,
+    lapsed,
     ledger_entry,
     run_record,
     take_lease,
@@ -163,7 +164,7 @@ class InMemoryWorkflowStore(WorkflowStore):
                 stamp,
             )
             row.output = row.error = row.finished_at = row.waiting = None
-            row.lease_owner = row.lease_expires_at = row.lease_parent_epoch = None
+            row.lease_owner = row.lease_expires_at = None
             note = {"error": error, "after_seq": row.last_seq}
             self._tables.add_event(run_id, "statekeep.retried", codec.to_json(note), consumed_seq=0)
             return run_record(row)
@@ -212,7 +213,6 @@ class InMemoryWorkflowStore(WorkflowStore):
             finished_at=None,
             lease_owner=None,
             lease_expires_at=None,
-            lease_parent_epoch=None,
             waiting=None,
             trace_context=None,
         )
@@ -232,11 +232,10 @@ class InMemoryWorkflowStore(WorkflowStore):
             stamp = now()
             if fenced_by is not None:
                 fenced_by.row.updated_at = stamp
-            free = row.lease_expires_at is None or row.lease_expires_at < stamp
             # with a parent: only a lapsed lease (a live holder may be inside a tool call)
-            taken = row.status in LIVE and (parent is None or free)
+            taken = row.status in LIVE and (parent is None or lapsed(row, stamp))
             if taken:
-                take_lease(row, owner, lease, None if parent is None else parent.epoch)
+                take_lease(row, owner, lease)
             return run_record(row) if taken or row.status.finished else None
 
     def claim(self, owner: str, lease: float, limit: int, workflows: Iterable[tuple[str, int]]) -> list[Run]:
@@ -250,13 +249,13 @@ class InMemoryWorkflowStore(WorkflowStore):
                 for s in self._tables.runs.values()
                 if s.row.runnable_at is not None
                 and s.row.runnable_at <= stamp
-                and (s.row.lease_expires_at is None or s.row.lease_expires_at < stamp)
+                and lapsed(s.row, stamp)
                 and s.row.status in LIVE
                 and (s.row.workflow, s.row.version) in pairs
             ]
             due.sort(key=lambda r: r.runnable_at or stamp)
             for row in due[:limit]:
-                take_lease(row, owner, lease, None)
+                take_lease(row, owner, lease)
             return [run_record(r) for r in due[:limit]]
 
     def heartbeat(self, run_id: str, epoch: int, lease: float) -> bool:

@@ -61,8 +61,6 @@ class RunRow:
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
     epoch: int = 0
-    #: the parent's epoch when its holder took this (child) run inline; None when a worker claimed it
-    lease_parent_epoch: int | None = None
     state_schema: str | None = None
     state_schema_version: int | None = None
     state_version: int | None = None
@@ -222,18 +220,22 @@ def finish(row: RunRow, status: RunStatus, output: str | None, error: str | None
     stamp = now()
     row.status, row.output, row.error = status, output, error
     row.finished_at = row.updated_at = stamp
-    row.runnable_at = row.lease_owner = row.lease_expires_at = row.lease_parent_epoch = None
+    row.runnable_at = row.lease_owner = row.lease_expires_at = None
     row.waiting = None
 
 
-def take_lease(row: RunRow, owner: str, lease: float, via: int | None) -> None:
-    """Lease a run to ``owner``, bumping its epoch (``via``: the parent's epoch, for a child taken inline)."""
+def lapsed(row: RunRow, at: datetime) -> bool:
+    """No worker holds the run at ``at``: it has no lease, or its lease has lapsed."""
+    return row.lease_expires_at is None or row.lease_expires_at < at
+
+
+def take_lease(row: RunRow, owner: str, lease: float) -> None:
+    """Lease a run to ``owner``, bumping its epoch."""
     stamp = now()
     row.status, row.epoch, row.lease_owner = RunStatus.RUNNING, row.epoch + 1, owner
     row.lease_expires_at = stamp + timedelta(seconds=lease)
     # runnable_at stays set while running, so that the run is claimable once the lease lapses
     row.runnable_at = row.updated_at = stamp
-    row.lease_parent_epoch = via
 
 
 def withdrawn(approvals: Iterable[ApprovalRow]) -> list[ApprovalRow]:

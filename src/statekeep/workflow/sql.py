@@ -76,6 +76,13 @@ _LIVE = [s.value for s in LIVE]
 # hot statements of a resume, built once; a plain bound comparison per live status, not an
 # expanding IN list (whose parameters are rendered on every call)
 _IS_LIVE = sa.or_(*(runs.c.status == s for s in _LIVE))
+
+
+def _lapsed(at: Any) -> sa.ColumnElement[bool]:
+    """No worker holds the run at ``at`` (a time or a bound parameter): no lease, or a lapsed one."""
+    return sa.or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at < at)
+
+
 _FIND = sa.select(runs).where(runs.c.run_id == sa.bindparam("rid"))
 #: What taking a lease writes (values bound by :func:`_lease_params`). runnable_at stays set while
 #: running, so that the run is claimable once the lease lapses.
@@ -86,17 +93,14 @@ _LEASE = {
     "lease_expires_at": sa.bindparam("expires", type_=UTCDateTime),
     "runnable_at": sa.bindparam("now", type_=UTCDateTime),
     "updated_at": sa.bindparam("now", type_=UTCDateTime),
-    "lease_parent_epoch": sa.bindparam("via", type_=sa.Integer),
+    # no longer read; cleared so that a worker of an older version, which took a child with a
+    # live lease when this was set, never does so behind a worker of this one
+    "lease_parent_epoch": None,
 }
 _TAKE = runs.update().where(runs.c.run_id == sa.bindparam("rid"), _IS_LIVE).values(_LEASE).returning(*runs.c)
 # a child taken through its parent: only a lapsed lease, whoever held it (a live holder, even one
 # fenced out of the parent, may be inside a tool call of the child: taking it would call it again)
-_TAKE_CHILD = _TAKE.where(
-    sa.or_(
-        runs.c.lease_expires_at.is_(None),
-        runs.c.lease_expires_at < sa.bindparam("now", type_=UTCDateTime),
-    )
-)
+_TAKE_CHILD = _TAKE.where(_lapsed(sa.bindparam("now", type_=UTCDateTime)))
 _REPLAY = (
     sa.select(steps.c.seq, steps.c.name, steps.c.kind, steps.c.state_version, steps.c.output)
     .where(
@@ -243,7 +247,6 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
                     waiting=None,
                     lease_owner=None,
                     lease_expires_at=None,
-                    lease_parent_epoch=None,
                     epoch=runs.c.epoch + 1,
                 )
             )
@@ -314,7 +317,7 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
 
     def acquire(self, run_id: str, owner: str, lease: float, *, parent: Run | None = None) -> Run | None:
         take = _TAKE if parent is None else _TAKE_CHILD
-        params = {"rid": run_id, **_lease_params(owner, lease, None if parent is None else parent.epoch)}
+        params = {"rid": run_id, **_lease_params(owner, lease)}
         with self.db.begin() as conn:
             if parent is not None:
                 fence(conn, parent.run_id, parent.epoch)  # first: it locks the parent row
@@ -333,7 +336,7 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
             sa.select(runs.c.run_id)
             .where(
                 runs.c.runnable_at <= stamp,
-                sa.or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at < stamp),
+                _lapsed(stamp),
                 runs.c.status.in_(_LIVE),
                 sa.or_(*pairs),
             )
@@ -345,7 +348,7 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
             if not ids:
                 return []
             conn.execute(
-                runs.update().where(runs.c.run_id.in_(ids)).values(_LEASE), _lease_params(owner, lease, None)
+                runs.update().where(runs.c.run_id.in_(ids)).values(_LEASE), _lease_params(owner, lease)
             )
             rows = conn.execute(sa.select(runs).where(runs.c.run_id.in_(ids))).mappings()
             return [run_record(r, self.keys) for r in rows]
@@ -425,7 +428,7 @@ def _contains(text: str) -> sa.ColumnElement[bool]:
     return sa.or_(*clauses)
 
 
-def _lease_params(owner: str, lease: float, via: int | None) -> dict[str, Any]:
+def _lease_params(owner: str, lease: float) -> dict[str, Any]:
     """The values :data:`_LEASE` binds: a lease of ``lease`` seconds for ``owner`` from now."""
     stamp = now()
-    return {"holder": owner, "expires": stamp + timedelta(seconds=lease), "now": stamp, "via": via}
+    return {"holder": owner, "expires": stamp + timedelta(seconds=lease), "now": stamp}

@@ -294,7 +294,6 @@ def finish_values(status: RunStatus, output: str | None, error: str | None) -> d
         "runnable_at": None,
         "lease_owner": None,
         "lease_expires_at": None,
-        "lease_parent_epoch": None,
         "waiting": None,
     }
 

@@ -38,7 +38,8 @@ runs = sa.Table(
     sa.Column("lease_owner", sa.String(255)),
     sa.Column("lease_expires_at", UTCDateTime),
     sa.Column("epoch", sa.Integer, nullable=False, default=0),
-    # the parent's epoch when its holder took this (child) run inline; NULL when a worker claimed it
+    # no longer read (workers before children waited for a lapsed lease took a child held through its
+    # parent by this); every lease now writes NULL, so such a worker never takes a live child
     sa.Column("lease_parent_epoch", sa.Integer),
     sa.Column("state_schema", sa.String(255)),
     sa.Column("state_schema_version", sa.Integer),
