@@ -73,3 +73,39 @@ def test_the_default_hybrid_mode_beats_plain_dense_search(small: dict[str, Any])
     assert small["hybrid"]["all"]["10"] > 1.2 * small["vector"]["all"]["10"]
     assert small["hybrid"]["all"]["20"] > 1.1 * small["vector"]["all"]["20"]
     assert small["hybrid"]["all"]["10"] > small["rrf"]["all"]["10"], "better than the fusion it replaced"
+
+
+@pytest.fixture(scope="module")
+def sentences(small: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """bench/sentences.py on the same owner (after ``small``, whose vectors it reuses from the cache)."""
+    out = tmp_path_factory.mktemp("sentences") / "small.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.sentences", "--small", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    results: dict[str, Any] = json.loads(out.read_text())
+    return results["datasets"]["locomo"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_sentence_vector_prototype_ranks_as_the_store_does(
+    small: dict[str, Any], sentences: dict[str, Any]
+) -> None:
+    """The prototype measures one change only: its in-process hybrid search is the LanceDB store's.
+
+    Same recall@k overall and per category, to the last digit, and the same plain dense
+    search; only then does its ``hybrid+sentences`` row say what sentence vectors add.
+    """
+    held_out = sentences["held_out"]
+    assert held_out["hybrid"] == small["hybrid"]
+    assert held_out["vector"] == small["vector"]
+    assert set(held_out) == {"vector", "sentences", "hybrid", "hybrid+sentences"}
+    cost = sentences["write_cost"]
+    assert cost["sentences"] > cost["with_sentences"] > 0

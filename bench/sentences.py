@@ -1,0 +1,253 @@
+"""What a vector per sentence would add to hybrid search: a prototype, measured on the retrieval benchmark.
+
+    PYTHONPATH=src python -m bench.sentences                 # LoCoMo and LongMemEval
+    PYTHONPATH=src python -m bench.sentences --datasets locomo --json out.json
+    PYTHONPATH=src python -m bench.sentences --small     # retrieval's --small owner (a test)
+
+Not a feature of statekeep yet: it measures one before it is built. A memory has one
+vector, of its whole text, and all-MiniLM-L6-v2 reads at most 256 tokens of it. What a
+person tells a chat assistant often hides one fact in a longer request ("Can you
+suggest workout playlists? By the way, I take Zumba on Tuesdays"), and the vector of
+the whole is mostly the request. Here each memory of two or more sentences also has a
+vector per sentence (at most :data:`MAX_PARTS`), and in a hybrid search every
+candidate's vector score is the best of its whole vector and its sentences'.
+
+It reproduces LanceDB's hybrid search in process, from statekeep's own parts: the
+same memories (exact duplicates standing for the first, as ``dedupe="exact"`` does),
+exact cosine (what LanceDB computes at this size), BM25 over the owner's memories
+(:class:`statekeep.memory._bm25.TextIndex`, as the store ranks) and the store's fusion
+(:func:`statekeep.memory._ranking.fuse_scores`). Its ``hybrid`` row must equal the
+store's in ``bench/results/retrieval.json`` (checked when that file has the dataset):
+then the one difference measured is the sentences. ``hybrid+sentences`` fuses the same
+two rankings, but the vector ranking scores every candidate of either ranking (the
+best of whole and sentences), with the vector weight and candidates chosen on the
+development split (:data:`SENTENCES`). Write cost: the time to embed memories with
+their sentences against without, same run, medians of rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import _datasets as data
+from bench.retrieval import KS, RESULTS, content, recall, summarize
+from statekeep.memory import Memory, Provenance, SearchResult, SentenceTransformerEmbedder, _bm25
+from statekeep.memory._bm25 import TextIndex
+from statekeep.memory._dedupe import identity
+from statekeep.memory._exact import nearest
+from statekeep.memory._ranking import Fusion, fuse_scores
+
+OUT = Path(__file__).parent / "results" / "sentences.json"
+#: A memory's sentences: split after . ! ? and at line breaks; a piece of fewer than
+#: ``SHORT`` words joins the one before ("Yes. Thanks!" is one).
+_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
+SHORT = 4
+#: Sentences embedded per memory, at most (the first ones).
+MAX_PARTS = 16
+#: The fusion of ``hybrid+sentences``, chosen on the development split (vector weight 0.3 to 0.6,
+#: 50 or 100 candidates of each ranking, length weight 1 or 2).
+SENTENCES = Fusion(vector_weight=0.5)
+MODES = ("vector", "sentences", "hybrid", "hybrid+sentences")
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of a memory's text, when it has two or more (else none: its vector is the sentence)."""
+    out: list[str] = []
+    for piece in (p.strip() for p in _SPLIT.split(text)):
+        if not piece:
+            continue
+        if out and len(piece.split()) < SHORT:
+            out[-1] += " " + piece
+        else:
+            out.append(piece)
+    return out[:MAX_PARTS] if len(out) > 1 else []
+
+
+@dataclass
+class Owner:
+    """One owner's memories in write order, their vectors, sentences' vectors and words."""
+
+    memories: list[Memory]
+    stands_for: dict[str, int]  # turn id -> position of the memory that stores it
+    matrix: np.ndarray
+    parts: np.ndarray  # one row per sentence
+    part_of: np.ndarray  # the memory of each sentence
+    words: TextIndex
+
+
+def load_owner(turns: list[data.Turn], embedder: Any) -> Owner:
+    memories: list[Memory] = []
+    stands_for: dict[str, int] = {}
+    seen: dict[str, int] = {}
+    for t in turns:
+        ident = identity(content(t), None)
+        if ident not in seen:
+            seen[ident] = len(memories)
+            memories.append(
+                Memory(
+                    id=t.id, owner=t.owner, content=content(t), kind="episodic", tags=(),
+                    metadata={}, provenance=Provenance("imported", session_id=t.session),
+                    model=embedder.name, created_at=t.at, seq=len(memories) + 1,
+                )
+            )  # fmt: skip
+        stands_for[t.id] = seen[ident]
+    texts = [m.content for m in memories]
+    split = [sentences(text) for text in texts]
+    part_of = np.array([i for i, ss in enumerate(split) for _ in ss], dtype=np.int64)
+    parts = [s for ss in split for s in ss]
+    return Owner(
+        memories,
+        stands_for,
+        np.asarray(embedder.embed(texts), dtype=np.float32),
+        np.asarray(embedder.embed(parts), dtype=np.float32) if parts else np.zeros((0, embedder.dimension)),
+        part_of,
+        TextIndex(texts),
+    )
+
+
+def ranked(o: Owner, query: str, vector: np.ndarray, mode: str, k: int) -> list[str]:
+    whole = o.matrix @ vector
+    best = whole.copy()
+    if len(o.parts):
+        np.maximum.at(best, o.part_of, o.parts @ vector)
+    if mode == "vector":  # as the store ranks
+        return [h.memory.id for h in nearest(o.memories, o.matrix, vector, k)]
+    if mode == "sentences":
+        return [o.memories[int(i)].id for i in np.argsort(-best, kind="stable")[:k]]
+    fusion = Fusion() if mode == "hybrid" else SENTENCES
+    everyone = np.ones(len(o.memories), dtype=bool)
+    near = nearest(o.memories, o.matrix, vector, fusion.pool)
+    text = _bm25.ranked(o.words, o.memories, query, everyone, fusion.pool)
+    if mode == "hybrid+sentences":  # every candidate of either ranking, by the best of whole and sentences
+        candidates = {h.memory.id for h in (*near, *text)}
+        near = [SearchResult(m, float(best[i])) for i, m in enumerate(o.memories) if m.id in candidates]
+    return [h.memory.id for h in fuse_scores(near, text, k, fusion)]
+
+
+def evaluate(
+    ds: data.Dataset, owners: set[str], embedder: Any, qvecs: dict[str, np.ndarray]
+) -> dict[str, Any]:
+    rows: dict[str, list[tuple[str, dict[int, float]]]] = defaultdict(list)
+    for name in sorted(owners):
+        o = load_owner(ds.turns[name], embedder)
+        embedder.save()
+        for q in (q for q in ds.questions if q.owner == name):
+            gold = {o.memories[o.stands_for[g]].id for g in q.gold}
+            for mode in MODES:
+                rows[mode].append((q.category, recall(ranked(o, q.text, qvecs[q.id], mode, max(KS)), gold)))
+    return {mode: summarize(r) for mode, r in rows.items()}
+
+
+def write_cost(ds: data.Dataset, real: Any, n: int = 300, rounds: int = 3) -> dict[str, Any]:
+    """Seconds to embed ``n`` random memories with their sentences and without (same run); medians."""
+    turns = [t for owner in sorted(ds.turns) for t in ds.turns[owner]]
+    texts = [content(t) for t in random.Random(7).sample(turns, n)]
+    parts = [s for text in texts for s in sentences(text)]
+    alone, both = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        real.embed(texts)
+        alone.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        real.embed(texts + parts)
+        both.append(time.perf_counter() - start)
+    return {
+        "memories": n,
+        "sentences": len(parts),
+        "with_sentences": sum(1 for text in texts if sentences(text)),
+        "embed_ms_per_memory": round(float(np.median(alone)) / n * 1000, 2),
+        "embed_ms_per_memory_with_sentences": round(float(np.median(both)) / n * 1000, 2),
+        "ratio": round(float(np.median(both)) / float(np.median(alone)), 2),
+    }
+
+
+def run(datasets: list[str], *, small: bool = False) -> dict[str, Any]:
+    real = SentenceTransformerEmbedder()
+    embedder = data.CachedEmbedder(real, "turns")
+    qembedder = data.CachedEmbedder(real, "questions")
+    stored = json.loads(RESULTS.read_text())["datasets"] if RESULTS.is_file() and not small else {}
+    results: dict[str, Any] = {"datasets": {}, "source": data.PACKAGE, "fusion": vars(SENTENCES)}
+    for name in datasets:
+        ds = data.LOADERS[name]()
+        vectors = qembedder.embed([q.text for q in ds.questions])
+        qvecs = dict(zip([q.id for q in ds.questions], vectors, strict=True))
+        qembedder.save()
+        per: dict[str, Any] = {}
+        dev, held_out = data.split(ds)
+        if small:  # as bench.retrieval --small: the smallest held-out owner
+            dev, held_out = set(), {min(held_out, key=lambda o: len(ds.turns[o]))}
+        for part, owners in (("dev", dev), ("held_out", held_out)):
+            if not owners:
+                continue
+            per[part] = evaluate(ds, owners, embedder, qvecs)
+            print(
+                f"{name} {part}: " + "  ".join(f"{m} {per[part][m]['all']['10']:.3f}" for m in MODES),
+                flush=True,
+            )
+            store = stored.get(name, {}).get("lancedb", {}).get(part, {}).get("hybrid")
+            here = per[part]["hybrid"]["all"]
+            if store is not None and store["all"] != here:
+                raise SystemExit(f"{name} {part}: hybrid in process {here}, by the store {store['all']}")
+        per["write_cost"] = write_cost(ds, real, n=30 if small else 300)
+        print(f"{name} write cost: {per['write_cost']}", flush=True)
+        results["datasets"][name] = per
+    return results
+
+
+def report(results: dict[str, Any]) -> str:
+    lines = []
+    for name, per in results["datasets"].items():
+        for part in ("dev", "held_out"):
+            if part not in per:
+                continue
+            res = per[part]
+            lines.append(f"\n{name}, {part} ({res['vector']['n']} questions): recall@1/5/10/20, @10 vs dense")
+            lines.append("| mode | @1 | @5 | @10 | @20 | @10 vs dense |\n|---|---|---|---|---|---|")
+            for m in MODES:
+                r = res[m]["all"]
+                g = r["10"] / res["vector"]["all"]["10"] - 1
+                lines.append(f"| {m} | " + " | ".join(f"{r[str(k)]:.3f}" for k in KS) + f" | {g:+.1%} |")
+            cats = sorted(res["vector"]["by_category"])
+            lines.append("| recall@10 by category | n | " + " | ".join(MODES) + " |")
+            lines.append("|---|---|" + "---|" * len(MODES))
+            for c in cats:
+                row = [f"{res[m]['by_category'][c]['10']:.3f}" for m in MODES]
+                lines.append(f"| {c} | {res['vector']['by_category'][c]['n']} | " + " | ".join(row) + " |")
+        lines.append(f"write cost: {per['write_cost']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.sentences")
+    parser.add_argument("--datasets", nargs="+", choices=sorted(data.LOADERS))
+    parser.add_argument("--small", action="store_true", help="one held-out LoCoMo conversation")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+    try:
+        small = args.small
+        results = run(args.datasets or (["locomo"] if small else sorted(data.LOADERS)), small=small)
+    except data.Unreachable as exc:
+        print(f"SKIP: {exc}", file=sys.stderr)
+        return 3
+    results["at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    print(report(results))
+    out = args.json or (None if args.datasets or args.small else OUT)
+    if out is not None:
+        out.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
