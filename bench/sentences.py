@@ -54,8 +54,10 @@ OUT = Path(__file__).parent / "results" / "sentences.json"
 #: ``SHORT`` words joins the one before ("Yes. Thanks!" is one).
 _SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
 SHORT = 4
-#: Sentences embedded per memory, at most (the first ones).
+#: Sentences embedded per memory, at most (the first ones); ``--max-parts``.
 MAX_PARTS = 16
+#: Only memories of at most this many characters get sentence vectors (None: all); ``--max-chars``.
+MAX_CHARS: int | None = None
 #: The fusion of ``hybrid+sentences``, chosen on the development split (vector weight 0.3 to 0.6,
 #: 50 or 100 candidates of each ranking, length weight 1 or 2).
 SENTENCES = Fusion(vector_weight=0.5)
@@ -72,7 +74,9 @@ def sentences(text: str) -> list[str]:
             out[-1] += " " + piece
         else:
             out.append(piece)
-    return out[:MAX_PARTS] if len(out) > 1 else []
+    if len(out) < 2 or (MAX_CHARS is not None and len(text) > MAX_CHARS):
+        return []
+    return out[:MAX_PARTS]
 
 
 @dataclass
@@ -178,7 +182,12 @@ def run(datasets: list[str], *, small: bool = False) -> dict[str, Any]:
     embedder = data.CachedEmbedder(real, "turns")
     qembedder = data.CachedEmbedder(real, "questions")
     stored = json.loads(RESULTS.read_text())["datasets"] if RESULTS.is_file() and not small else {}
-    results: dict[str, Any] = {"datasets": {}, "source": data.PACKAGE, "fusion": vars(SENTENCES)}
+    results: dict[str, Any] = {
+        "datasets": {},
+        "source": data.PACKAGE,
+        "fusion": vars(SENTENCES),
+        "sentences": {"max_parts": MAX_PARTS, "max_chars": MAX_CHARS},
+    }
     for name in datasets:
         ds = data.LOADERS[name]()
         vectors = qembedder.embed([q.text for q in ds.questions])
@@ -230,11 +239,16 @@ def report(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    global MAX_PARTS, MAX_CHARS  # the prototype's two knobs, set once per run
     parser = argparse.ArgumentParser(prog="python -m bench.sentences")
     parser.add_argument("--datasets", nargs="+", choices=sorted(data.LOADERS))
     parser.add_argument("--small", action="store_true", help="one held-out LoCoMo conversation")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--max-parts", type=int, default=MAX_PARTS, help="sentences per memory, at most")
+    parser.add_argument("--max-chars", type=int, help="only memories this long or shorter get sentences")
     args = parser.parse_args(argv)
+    default = not (args.datasets or args.small or args.max_chars or args.max_parts != MAX_PARTS)
+    MAX_PARTS, MAX_CHARS = args.max_parts, args.max_chars
     try:
         small = args.small
         results = run(args.datasets or (["locomo"] if small else sorted(data.LOADERS)), small=small)
@@ -243,7 +257,7 @@ def main(argv: list[str]) -> int:
         return 3
     results["at"] = datetime.now(UTC).isoformat(timespec="seconds")
     print(report(results))
-    out = args.json or (None if args.datasets or args.small else OUT)
+    out = args.json or (OUT if default else None)
     if out is not None:
         out.write_text(json.dumps(results, indent=1) + "\n")
     return 0
