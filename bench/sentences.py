@@ -21,8 +21,11 @@ store's in ``bench/results/retrieval.json`` (checked when that file has the data
 then the one difference measured is the sentences. ``hybrid+sentences`` fuses the same
 two rankings, but the vector ranking scores every candidate of either ranking (the
 best of whole and sentences), with the vector weight and candidates chosen on the
-development split (:data:`SENTENCES`). Write cost: the time to embed memories with
-their sentences against without, same run, medians of rounds.
+development split (:data:`SENTENCES`). The ``/short`` modes give sentence vectors only
+to memories of at most :data:`SHORT_CHARS` characters. Write cost: the time to embed
+memories with their sentences (every memory's, or the short ones') against without,
+same run, interleaved rounds, medians. ``--max-parts`` changes how many sentences a
+memory keeps.
 """
 
 from __future__ import annotations
@@ -56,12 +59,14 @@ _SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
 SHORT = 4
 #: Sentences embedded per memory, at most (the first ones); ``--max-parts``.
 MAX_PARTS = 16
-#: Only memories of at most this many characters get sentence vectors (None: all); ``--max-chars``.
-MAX_CHARS: int | None = None
+#: The second form measured: only memories of at most this many characters (the length
+#: prior's pivot) get sentence vectors; the long ones, scored down anyway, keep one vector.
+SHORT_CHARS = 600
 #: The fusion of ``hybrid+sentences``, chosen on the development split (vector weight 0.3 to 0.6,
 #: 50 or 100 candidates of each ranking, length weight 1 or 2).
 SENTENCES = Fusion(vector_weight=0.5)
-MODES = ("vector", "sentences", "hybrid", "hybrid+sentences")
+#: ``sentences``: dense search by the best of whole and sentences; ``/short``: sentences of short memories.
+MODES = ("vector", "sentences", "sentences/short", "hybrid", "hybrid+sentences", "hybrid+sentences/short")
 
 
 def sentences(text: str) -> list[str]:
@@ -74,9 +79,7 @@ def sentences(text: str) -> list[str]:
             out[-1] += " " + piece
         else:
             out.append(piece)
-    if len(out) < 2 or (MAX_CHARS is not None and len(text) > MAX_CHARS):
-        return []
-    return out[:MAX_PARTS]
+    return out[:MAX_PARTS] if len(out) > 1 else []
 
 
 @dataclass
@@ -88,6 +91,7 @@ class Owner:
     matrix: np.ndarray
     parts: np.ndarray  # one row per sentence
     part_of: np.ndarray  # the memory of each sentence
+    short: np.ndarray  # memories of at most SHORT_CHARS characters
     words: TextIndex
 
 
@@ -117,24 +121,26 @@ def load_owner(turns: list[data.Turn], embedder: Any) -> Owner:
         np.asarray(embedder.embed(texts), dtype=np.float32),
         np.asarray(embedder.embed(parts), dtype=np.float32) if parts else np.zeros((0, embedder.dimension)),
         part_of,
+        np.array([len(text) <= SHORT_CHARS for text in texts], dtype=bool),
         TextIndex(texts),
     )
 
 
 def ranked(o: Owner, query: str, vector: np.ndarray, mode: str, k: int) -> list[str]:
+    if mode == "vector":  # as the store ranks
+        return [h.memory.id for h in nearest(o.memories, o.matrix, vector, k)]
     whole = o.matrix @ vector
     best = whole.copy()
     if len(o.parts):
-        np.maximum.at(best, o.part_of, o.parts @ vector)
-    if mode == "vector":  # as the store ranks
-        return [h.memory.id for h in nearest(o.memories, o.matrix, vector, k)]
-    if mode == "sentences":
+        used = o.short[o.part_of] if mode.endswith("/short") else np.ones(len(o.part_of), dtype=bool)
+        np.maximum.at(best, o.part_of[used], o.parts[used] @ vector)
+    if mode.startswith("sentences"):
         return [o.memories[int(i)].id for i in np.argsort(-best, kind="stable")[:k]]
     fusion = Fusion() if mode == "hybrid" else SENTENCES
     everyone = np.ones(len(o.memories), dtype=bool)
     near = nearest(o.memories, o.matrix, vector, fusion.pool)
     text = _bm25.ranked(o.words, o.memories, query, everyone, fusion.pool)
-    if mode == "hybrid+sentences":  # every candidate of either ranking, by the best of whole and sentences
+    if mode != "hybrid":  # every candidate of either ranking, by the best of whole and sentences
         candidates = {h.memory.id for h in (*near, *text)}
         near = [SearchResult(m, float(best[i])) for i, m in enumerate(o.memories) if m.id in candidates]
     return [h.memory.id for h in fuse_scores(near, text, k, fusion)]
@@ -155,25 +161,27 @@ def evaluate(
 
 
 def write_cost(ds: data.Dataset, real: Any, n: int = 300, rounds: int = 3) -> dict[str, Any]:
-    """Seconds to embed ``n`` random memories with their sentences and without (same run); medians."""
+    """Milliseconds to embed ``n`` random memories alone, with every one's sentences, and with the
+    sentences of the short ones only (same run, interleaved rounds); medians."""
     turns = [t for owner in sorted(ds.turns) for t in ds.turns[owner]]
     texts = [content(t) for t in random.Random(7).sample(turns, n)]
-    parts = [s for text in texts for s in sentences(text)]
-    alone, both = [], []
+    forms = {
+        "alone": [],
+        "sentences": [s for text in texts for s in sentences(text)],
+        "sentences/short": [s for text in texts if len(text) <= SHORT_CHARS for s in sentences(text)],
+    }
+    times: dict[str, list[float]] = {form: [] for form in forms}
     for _ in range(rounds):
-        start = time.perf_counter()
-        real.embed(texts)
-        alone.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        real.embed(texts + parts)
-        both.append(time.perf_counter() - start)
+        for form, parts in forms.items():
+            start = time.perf_counter()
+            real.embed(texts + parts)
+            times[form].append(time.perf_counter() - start)
+    ms = {form: float(np.median(t)) / n * 1000 for form, t in times.items()}
     return {
         "memories": n,
-        "sentences": len(parts),
-        "with_sentences": sum(1 for text in texts if sentences(text)),
-        "embed_ms_per_memory": round(float(np.median(alone)) / n * 1000, 2),
-        "embed_ms_per_memory_with_sentences": round(float(np.median(both)) / n * 1000, 2),
-        "ratio": round(float(np.median(both)) / float(np.median(alone)), 2),
+        **{f"{form}_per_memory": round(len(parts) / n, 2) for form, parts in forms.items() if parts},
+        **{f"embed_ms_per_memory_{form}": round(v, 2) for form, v in ms.items()},
+        **{f"ratio_{form}": round(v / ms["alone"], 2) for form, v in ms.items() if form != "alone"},
     }
 
 
@@ -186,7 +194,7 @@ def run(datasets: list[str], *, small: bool = False) -> dict[str, Any]:
         "datasets": {},
         "source": data.PACKAGE,
         "fusion": vars(SENTENCES),
-        "sentences": {"max_parts": MAX_PARTS, "max_chars": MAX_CHARS},
+        "sentences": {"max_parts": MAX_PARTS, "short_chars": SHORT_CHARS},
     }
     for name in datasets:
         ds = data.LOADERS[name]()
@@ -239,16 +247,15 @@ def report(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    global MAX_PARTS, MAX_CHARS  # the prototype's two knobs, set once per run
+    global MAX_PARTS  # the prototype's knob, set once per run
     parser = argparse.ArgumentParser(prog="python -m bench.sentences")
     parser.add_argument("--datasets", nargs="+", choices=sorted(data.LOADERS))
     parser.add_argument("--small", action="store_true", help="one held-out LoCoMo conversation")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--max-parts", type=int, default=MAX_PARTS, help="sentences per memory, at most")
-    parser.add_argument("--max-chars", type=int, help="only memories this long or shorter get sentences")
     args = parser.parse_args(argv)
-    default = not (args.datasets or args.small or args.max_chars or args.max_parts != MAX_PARTS)
-    MAX_PARTS, MAX_CHARS = args.max_parts, args.max_chars
+    default = not (args.datasets or args.small or args.max_parts != MAX_PARTS)
+    MAX_PARTS = args.max_parts
     try:
         small = args.small
         results = run(args.datasets or (["locomo"] if small else sorted(data.LOADERS)), small=small)
