@@ -271,6 +271,16 @@ def gain(res: dict[str, Any], k: str = "10") -> float:
     return float(res[DEFAULT_MODE]["all"][k] / res["vector"]["all"][k] - 1)
 
 
+def by_category(res: dict[str, Any], modes: Iterable[str]) -> list[str]:
+    """The lines of a table of recall@10 per question category, a column per mode."""
+    modes = list(modes)
+    lines = ["| recall@10 by category | n | " + " | ".join(modes) + " |", "|---|---|" + "---|" * len(modes)]
+    for c in sorted(res["vector"]["by_category"]):
+        row = [f"{res[m]['by_category'][c]['10']:.3f}" for m in modes]
+        lines.append(f"| {c} | {res['vector']['by_category'][c]['n']} | " + " | ".join(row) + " |")
+    return lines
+
+
 def report(results: dict[str, Any]) -> str:
     lines = []
     for name, per in results["datasets"].items():
@@ -285,12 +295,7 @@ def report(results: dict[str, Any]) -> str:
                 r = res[m]["all"]
                 lines.append(f"| {m} | " + " | ".join(f"{r[str(k)]:.3f}" for k in KS) + " |")
             lines.append(f"{DEFAULT_MODE} recall@10 vs plain dense: {gain(res):+.1%}")
-            cats = sorted(res["vector"]["by_category"])
-            lines.append("| recall@10 by category | n | " + " | ".join(MODES) + " |")
-            lines.append("|---|---|" + "---|" * len(MODES))
-            for c in cats:
-                row = [f"{res[m]['by_category'][c]['10']:.3f}" for m in MODES]
-                lines.append(f"| {c} | {res['vector']['by_category'][c]['n']} | " + " | ".join(row) + " |")
+            lines.extend(by_category(res, MODES))
             if "latency" in per[backend]:
                 lines.append(f"latency at 10,000 memories: {per[backend]['latency']}")
     return "\n".join(lines)

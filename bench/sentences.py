@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from bench import _datasets as data
-from bench.retrieval import KS, RESULTS, content, recall, summarize
+from bench.retrieval import KS, RESULTS, by_category, content, recall, summarize
 from statekeep.memory import Memory, Provenance, SearchResult, SentenceTransformerEmbedder, _bm25
 from statekeep.memory._bm25 import TextIndex
 from statekeep.memory._dedupe import identity
@@ -236,12 +236,7 @@ def report(results: dict[str, Any]) -> str:
                 r = res[m]["all"]
                 g = r["10"] / res["vector"]["all"]["10"] - 1
                 lines.append(f"| {m} | " + " | ".join(f"{r[str(k)]:.3f}" for k in KS) + f" | {g:+.1%} |")
-            cats = sorted(res["vector"]["by_category"])
-            lines.append("| recall@10 by category | n | " + " | ".join(MODES) + " |")
-            lines.append("|---|---|" + "---|" * len(MODES))
-            for c in cats:
-                row = [f"{res[m]['by_category'][c]['10']:.3f}" for m in MODES]
-                lines.append(f"| {c} | {res['vector']['by_category'][c]['n']} | " + " | ".join(row) + " |")
+            lines.extend(by_category(res, MODES))
         lines.append(f"write cost: {per['write_cost']}")
     return "\n".join(lines)
 

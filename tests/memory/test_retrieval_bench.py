@@ -22,12 +22,11 @@ MODES = ("vector", "text", "hybrid", "rrf")
 SKIPPED = 3  # bench.retrieval's exit code when the package index is unreachable
 
 
-@pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("retrieval") / "small.json"
+def small_run(module: str, out: Path) -> dict[str, Any]:
+    """``python -m bench.<module> --small``'s results (skips when the package index is unreachable)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "bench.retrieval", "--small", "--json", str(out)],
+        [sys.executable, "-m", f"bench.{module}", "--small", "--json", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -38,7 +37,13 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pytest.skip(done.stderr.strip().splitlines()[-1])
     assert done.returncode == 0, done.stderr[-4000:]
     results: dict[str, Any] = json.loads(out.read_text())
-    return results["datasets"]["locomo"]["lancedb"]["held_out"]  # type: ignore[no-any-return]
+    return results["datasets"]["locomo"]  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    results = small_run("retrieval", tmp_path_factory.mktemp("retrieval") / "small.json")
+    return results["lancedb"]["held_out"]  # type: ignore[no-any-return]
 
 
 @pytest.mark.slow
@@ -78,19 +83,7 @@ def test_the_default_hybrid_mode_beats_plain_dense_search(small: dict[str, Any])
 @pytest.fixture(scope="module")
 def sentences(small: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """bench/sentences.py on the same owner (after ``small``, whose vectors it reuses from the cache)."""
-    out = tmp_path_factory.mktemp("sentences") / "small.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.sentences", "--small", "--json", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    results: dict[str, Any] = json.loads(out.read_text())
-    return results["datasets"]["locomo"]  # type: ignore[no-any-return]
+    return small_run("sentences", tmp_path_factory.mktemp("sentences") / "small.json")
 
 
 @pytest.mark.slow
