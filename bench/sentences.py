@@ -14,18 +14,20 @@ candidate's vector score is the best of its whole vector and its sentences'.
 
 It reproduces LanceDB's hybrid search in process, from statekeep's own parts: the
 same memories (exact duplicates standing for the first, as ``dedupe="exact"`` does),
-exact cosine (what LanceDB computes at this size), BM25 over the owner's memories
-(:class:`statekeep.memory._bm25.TextIndex`, as the store ranks) and the store's fusion
-(:func:`statekeep.memory._ranking.fuse_scores`). Its ``hybrid`` row must equal the
-store's in ``bench/results/retrieval.json`` (checked when that file has the dataset):
-then the one difference measured is the sentences. ``hybrid+sentences`` fuses the same
-two rankings, but the vector ranking scores every candidate of either ranking (the
-best of whole and sentences), with the vector weight and candidates chosen on the
-development split (:data:`SENTENCES`). The ``/short`` modes give sentence vectors only
-to memories of at most :data:`SHORT_CHARS` characters. Write cost: the time to embed
-memories with their sentences (every memory's, or the short ones') against without,
-same run, interleaved rounds, medians. ``--max-parts`` changes how many sentences a
-memory keeps.
+unit vectors and exact cosine (what LanceDB computes at this size), BM25 over the
+owner's memories (:class:`statekeep.memory._bm25.TextIndex`, as the store ranks) and
+the store's fusion (:func:`statekeep.memory._ranking.fuse_scores`). Its ``vector`` and
+``hybrid`` rows must equal the store's in ``bench/results/retrieval.json``, overall and
+by category (checked when that file has the dataset; the test suite checks it on one
+owner). ``hybrid+sentences`` then changes the fusion and adds the sentences: the vector
+ranking scores every candidate of either ranking (the store scores only its own 50),
+by the best of its whole vector's and its sentences' cosine, with the vector weight
+chosen on the development split (:data:`SENTENCES`). ``hybrid+union`` is that fusion
+with whole vectors only, so the two rows part what the fusion adds from what the
+sentences add. The ``/short`` modes give sentence vectors only to memories of at most
+:data:`SHORT_CHARS` characters. Write cost: the time to embed a batch of memories with
+their sentences (every memory's, or the short ones') against without, interleaved
+rounds, medians. ``--max-parts`` changes how many sentences a memory keeps.
 """
 
 from __future__ import annotations
@@ -50,36 +52,47 @@ from statekeep.memory import Memory, Provenance, SearchResult, SentenceTransform
 from statekeep.memory._bm25 import TextIndex
 from statekeep.memory._dedupe import identity
 from statekeep.memory._exact import nearest
-from statekeep.memory._ranking import Fusion, fuse_scores
+from statekeep.memory._ranking import LENGTH_PIVOT, Fusion, fuse_scores
+from statekeep.memory.embedders import normalize
 
 OUT = Path(__file__).parent / "results" / "sentences.json"
 #: A memory's sentences: split after . ! ? and at line breaks; a piece of fewer than
-#: ``SHORT`` words joins the one before ("Yes. Thanks!" is one).
+#: ``MIN_WORDS`` words joins the one before ("Yes. Thanks!" is one).
 _SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
-SHORT = 4
+MIN_WORDS = 4
 #: Sentences embedded per memory, at most (the first ones); ``--max-parts``.
 MAX_PARTS = 16
-#: The second form measured: only memories of at most this many characters (the length
-#: prior's pivot) get sentence vectors; the long ones, scored down anyway, keep one vector.
-SHORT_CHARS = 600
-#: The fusion of ``hybrid+sentences``, chosen on the development split (vector weight 0.3 to 0.6,
-#: 50 or 100 candidates of each ranking, length weight 1 or 2).
+#: The second form measured: only memories no longer than the length prior's pivot get
+#: sentence vectors; the long ones, scored down anyway, keep one vector.
+SHORT_CHARS = LENGTH_PIVOT
+#: The fusion of the ``hybrid+`` modes, chosen on the development split (vector weight 0.3 to
+#: 0.6, 50 or 100 candidates of each ranking, length weight 1 or 2).
 SENTENCES = Fusion(vector_weight=0.5)
-#: ``sentences``: dense search by the best of whole and sentences; ``/short``: sentences of short memories.
-MODES = ("vector", "sentences", "sentences/short", "hybrid", "hybrid+sentences", "hybrid+sentences/short")
+#: ``sentences``: dense search by the best of whole and sentences (``/short``: sentences of the
+#: short memories only). ``hybrid+union``, the control: the ``hybrid+sentences`` fusion (every
+#: candidate of either ranking scored by its cosine, ``SENTENCES``) with whole vectors only.
+MODES = (
+    "vector",
+    "sentences",
+    "sentences/short",
+    "hybrid",
+    "hybrid+union",
+    "hybrid+sentences",
+    "hybrid+sentences/short",
+)
 
 
-def sentences(text: str) -> list[str]:
-    """The sentences of a memory's text, when it has two or more (else none: its vector is the sentence)."""
+def sentences(text: str, most: int = MAX_PARTS) -> list[str]:
+    """The first ``most`` sentences of a memory's text, when it has two or more (else none)."""
     out: list[str] = []
     for piece in (p.strip() for p in _SPLIT.split(text)):
         if not piece:
             continue
-        if out and len(piece.split()) < SHORT:
+        if out and len(piece.split()) < MIN_WORDS:
             out[-1] += " " + piece
         else:
             out.append(piece)
-    return out[:MAX_PARTS] if len(out) > 1 else []
+    return out[:most] if len(out) > 1 else []
 
 
 @dataclass
@@ -95,7 +108,8 @@ class Owner:
     words: TextIndex
 
 
-def load_owner(turns: list[data.Turn], embedder: Any) -> Owner:
+def load_owner(turns: list[data.Turn], embedder: Any, most: int) -> Owner:
+    """The owner's memories as the store keeps them: repeats stand for the first; unit vectors."""
     memories: list[Memory] = []
     stands_for: dict[str, int] = {}
     seen: dict[str, int] = {}
@@ -112,14 +126,14 @@ def load_owner(turns: list[data.Turn], embedder: Any) -> Owner:
             )  # fmt: skip
         stands_for[t.id] = seen[ident]
     texts = [m.content for m in memories]
-    split = [sentences(text) for text in texts]
+    split = [sentences(text, most) for text in texts]
     part_of = np.array([i for i, ss in enumerate(split) for _ in ss], dtype=np.int64)
     parts = [s for ss in split for s in ss]
     return Owner(
         memories,
         stands_for,
-        np.asarray(embedder.embed(texts), dtype=np.float32),
-        np.asarray(embedder.embed(parts), dtype=np.float32) if parts else np.zeros((0, embedder.dimension)),
+        normalize(embedder.embed(texts)),
+        normalize(embedder.embed(parts)) if parts else np.zeros((0, embedder.dimension), dtype=np.float32),
         part_of,
         np.array([len(text) <= SHORT_CHARS for text in texts], dtype=bool),
         TextIndex(texts),
@@ -129,29 +143,38 @@ def load_owner(turns: list[data.Turn], embedder: Any) -> Owner:
 def ranked(o: Owner, query: str, vector: np.ndarray, mode: str, k: int) -> list[str]:
     if mode == "vector":  # as the store ranks
         return [h.memory.id for h in nearest(o.memories, o.matrix, vector, k)]
-    whole = o.matrix @ vector
-    best = whole.copy()
-    if len(o.parts):
-        used = o.short[o.part_of] if mode.endswith("/short") else np.ones(len(o.part_of), dtype=bool)
-        np.maximum.at(best, o.part_of[used], o.parts[used] @ vector)
     if mode.startswith("sentences"):
+        best = best_cosine(o, vector, short=mode.endswith("/short"))
         return [o.memories[int(i)].id for i in np.argsort(-best, kind="stable")[:k]]
     fusion = Fusion() if mode == "hybrid" else SENTENCES
-    everyone = np.ones(len(o.memories), dtype=bool)
-    near = nearest(o.memories, o.matrix, vector, fusion.pool)
-    text = _bm25.ranked(o.words, o.memories, query, everyone, fusion.pool)
-    if mode != "hybrid":  # every candidate of either ranking, by the best of whole and sentences
+    pool = max(k, fusion.pool)  # as the store's hybrid search
+    near = nearest(o.memories, o.matrix, vector, pool)
+    text = _bm25.ranked(o.words, o.memories, query, np.ones(len(o.memories), dtype=bool), pool)
+    if mode != "hybrid":  # every candidate of either ranking, by its cosine
+        if mode == "hybrid+union":
+            cosine = o.matrix @ vector
+        else:
+            cosine = best_cosine(o, vector, short=mode.endswith("/short"))
         candidates = {h.memory.id for h in (*near, *text)}
-        near = [SearchResult(m, float(best[i])) for i, m in enumerate(o.memories) if m.id in candidates]
+        near = [SearchResult(m, float(cosine[i])) for i, m in enumerate(o.memories) if m.id in candidates]
     return [h.memory.id for h in fuse_scores(near, text, k, fusion)]
 
 
+def best_cosine(o: Owner, vector: np.ndarray, *, short: bool) -> np.ndarray:
+    """Each memory's best cosine with ``vector``: its whole vector's or a sentence's."""
+    best = o.matrix @ vector
+    if len(o.parts):
+        used = o.short[o.part_of] if short else np.ones(len(o.part_of), dtype=bool)
+        np.maximum.at(best, o.part_of[used], o.parts[used] @ vector)
+    return best
+
+
 def evaluate(
-    ds: data.Dataset, owners: set[str], embedder: Any, qvecs: dict[str, np.ndarray]
+    ds: data.Dataset, owners: set[str], embedder: Any, qvecs: dict[str, np.ndarray], most: int
 ) -> dict[str, Any]:
     rows: dict[str, list[tuple[str, dict[int, float]]]] = defaultdict(list)
     for name in sorted(owners):
-        o = load_owner(ds.turns[name], embedder)
+        o = load_owner(ds.turns[name], embedder, most)
         embedder.save()
         for q in (q for q in ds.questions if q.owner == name):
             gold = {o.memories[o.stands_for[g]].id for g in q.gold}
@@ -160,15 +183,19 @@ def evaluate(
     return {mode: summarize(r) for mode, r in rows.items()}
 
 
-def write_cost(ds: data.Dataset, real: Any, n: int = 300, rounds: int = 3) -> dict[str, Any]:
-    """Milliseconds to embed ``n`` random memories alone, with every one's sentences, and with the
-    sentences of the short ones only (same run, interleaved rounds); medians."""
+def write_cost(ds: data.Dataset, real: Any, most: int, n: int = 300, rounds: int = 3) -> dict[str, Any]:
+    """Milliseconds a memory to embed ``n`` random memories in one batch: alone, with every one's
+    sentences, and with the sentences of the short ones only (interleaved rounds; medians).
+
+    A batch's throughput, not the latency of one ``remember``, which embeds a few texts in
+    numpy rather than through sentence-transformers (:mod:`statekeep.memory._bert`).
+    """
     turns = [t for owner in sorted(ds.turns) for t in ds.turns[owner]]
     texts = [content(t) for t in random.Random(7).sample(turns, n)]
     forms = {
         "alone": [],
-        "sentences": [s for text in texts for s in sentences(text)],
-        "sentences/short": [s for text in texts if len(text) <= SHORT_CHARS for s in sentences(text)],
+        "sentences": [s for text in texts for s in sentences(text, most)],
+        "sentences/short": [s for text in texts if len(text) <= SHORT_CHARS for s in sentences(text, most)],
     }
     times: dict[str, list[float]] = {form: [] for form in forms}
     for _ in range(rounds):
@@ -179,26 +206,26 @@ def write_cost(ds: data.Dataset, real: Any, n: int = 300, rounds: int = 3) -> di
     ms = {form: float(np.median(t)) / n * 1000 for form, t in times.items()}
     return {
         "memories": n,
-        **{f"{form}_per_memory": round(len(parts) / n, 2) for form, parts in forms.items() if parts},
+        **{f"{form}_per_memory": round(len(p) / n, 2) for form, p in forms.items() if form != "alone"},
         **{f"embed_ms_per_memory_{form}": round(v, 2) for form, v in ms.items()},
         **{f"ratio_{form}": round(v / ms["alone"], 2) for form, v in ms.items() if form != "alone"},
     }
 
 
-def run(datasets: list[str], *, small: bool = False) -> dict[str, Any]:
+def run(datasets: list[str], *, small: bool = False, most: int = MAX_PARTS) -> dict[str, Any]:
     real = SentenceTransformerEmbedder()
-    embedder = data.CachedEmbedder(real, "turns")
+    embedder = data.CachedEmbedder(real, "turns")  # the sentences too: one cache of stored texts
     qembedder = data.CachedEmbedder(real, "questions")
     stored = json.loads(RESULTS.read_text())["datasets"] if RESULTS.is_file() and not small else {}
     results: dict[str, Any] = {
         "datasets": {},
         "source": data.PACKAGE,
         "fusion": vars(SENTENCES),
-        "sentences": {"max_parts": MAX_PARTS, "short_chars": SHORT_CHARS},
+        "sentences": {"max_parts": most, "short_chars": SHORT_CHARS},
     }
     for name in datasets:
         ds = data.LOADERS[name]()
-        vectors = qembedder.embed([q.text for q in ds.questions])
+        vectors = normalize(qembedder.embed([q.text for q in ds.questions]))  # as search() does
         qvecs = dict(zip([q.id for q in ds.questions], vectors, strict=True))
         qembedder.save()
         per: dict[str, Any] = {}
@@ -208,16 +235,16 @@ def run(datasets: list[str], *, small: bool = False) -> dict[str, Any]:
         for part, owners in (("dev", dev), ("held_out", held_out)):
             if not owners:
                 continue
-            per[part] = evaluate(ds, owners, embedder, qvecs)
+            per[part] = evaluate(ds, owners, embedder, qvecs, most)
             print(
                 f"{name} {part}: " + "  ".join(f"{m} {per[part][m]['all']['10']:.3f}" for m in MODES),
                 flush=True,
             )
-            store = stored.get(name, {}).get("lancedb", {}).get(part, {}).get("hybrid")
-            here = per[part]["hybrid"]["all"]
-            if store is not None and store["all"] != here:
-                raise SystemExit(f"{name} {part}: hybrid in process {here}, by the store {store['all']}")
-        per["write_cost"] = write_cost(ds, real, n=30 if small else 300)
+            store = stored.get(name, {}).get("lancedb", {}).get(part, {})
+            for mode in ("vector", "hybrid"):  # overall and by category, recall@1/5/10/20
+                if mode in store and store[mode] != per[part][mode]:
+                    raise SystemExit(f"{name} {part}: {mode} in process differs from the store's")
+        per["write_cost"] = write_cost(ds, real, most, n=30 if small else 300)
         print(f"{name} write cost: {per['write_cost']}", flush=True)
         results["datasets"][name] = per
     return results
@@ -242,18 +269,19 @@ def report(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    global MAX_PARTS  # the prototype's knob, set once per run
     parser = argparse.ArgumentParser(prog="python -m bench.sentences")
     parser.add_argument("--datasets", nargs="+", choices=sorted(data.LOADERS))
-    parser.add_argument("--small", action="store_true", help="one held-out LoCoMo conversation")
+    parser.add_argument("--small", action="store_true", help="the smallest held-out owner of each dataset")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--max-parts", type=int, default=MAX_PARTS, help="sentences per memory, at most")
     args = parser.parse_args(argv)
+    if args.max_parts < 1:
+        parser.error("--max-parts must be at least 1")
     default = not (args.datasets or args.small or args.max_parts != MAX_PARTS)
-    MAX_PARTS = args.max_parts
     try:
         small = args.small
-        results = run(args.datasets or (["locomo"] if small else sorted(data.LOADERS)), small=small)
+        datasets = args.datasets or (["locomo"] if small else sorted(data.LOADERS))
+        results = run(datasets, small=small, most=args.max_parts)
     except data.Unreachable as exc:
         print(f"SKIP: {exc}", file=sys.stderr)
         return 3
