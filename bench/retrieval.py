@@ -231,10 +231,7 @@ def run(datasets: list[str], backends: list[str], *, small: bool, with_latency: 
     try:
         for name in datasets:
             ds = data.LOADERS[name]()
-            dev, held_out = data.split(ds)
-            if small:  # the smallest held-out owner: about 600 turns and 150 questions
-                held_out = {min(held_out, key=lambda o: len(ds.turns[o]))}
-                dev = set()
+            dev, held_out = data.split(ds, small=small)
             qs = [q for q in ds.questions if q.owner in dev | held_out]
             qvecs = dict(zip([q.id for q in qs], qembedder.embed([q.text for q in qs]), strict=True))
             per: dict[str, Any] = {"owners": {"dev": sorted(dev), "held_out": sorted(held_out)}}

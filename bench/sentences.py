@@ -140,29 +140,36 @@ def load_owner(turns: list[data.Turn], embedder: Any, most: int) -> Owner:
     )
 
 
-def ranked(o: Owner, query: str, vector: np.ndarray, mode: str, k: int) -> list[str]:
-    if mode == "vector":  # as the store ranks
-        return [h.memory.id for h in nearest(o.memories, o.matrix, vector, k)]
-    if mode.startswith("sentences"):
-        best = best_cosine(o, vector, short=mode.endswith("/short"))
-        return [o.memories[int(i)].id for i in np.argsort(-best, kind="stable")[:k]]
-    fusion = Fusion() if mode == "hybrid" else SENTENCES
-    pool = max(k, fusion.pool)  # as the store's hybrid search
-    near = nearest(o.memories, o.matrix, vector, pool)
-    text = _bm25.ranked(o.words, o.memories, query, np.ones(len(o.memories), dtype=bool), pool)
-    if mode != "hybrid":  # every candidate of either ranking, by its cosine
-        if mode == "hybrid+union":
-            cosine = o.matrix @ vector
-        else:
-            cosine = best_cosine(o, vector, short=mode.endswith("/short"))
-        candidates = {h.memory.id for h in (*near, *text)}
-        near = [SearchResult(m, float(cosine[i])) for i, m in enumerate(o.memories) if m.id in candidates]
-    return [h.memory.id for h in fuse_scores(near, text, k, fusion)]
+def ranked(o: Owner, query: str, vector: np.ndarray, k: int) -> dict[str, list[str]]:
+    """The ids each mode returns, best first: each ranking and cosine computed once for all modes."""
+    whole = o.matrix @ vector
+    cosines = {
+        "hybrid+union": whole,
+        "hybrid+sentences": best_cosine(o, whole, vector, short=False),
+        "hybrid+sentences/short": best_cosine(o, whole, vector, short=True),
+    }
+    out = {"vector": [h.memory.id for h in nearest(o.memories, o.matrix, vector, k)]}  # as the store
+    for form in ("", "/short"):
+        best = cosines[f"hybrid+sentences{form}"]
+        out[f"sentences{form}"] = [o.memories[int(i)].id for i in np.argsort(-best, kind="stable")[:k]]
+    pools: dict[int, tuple[list[SearchResult], list[SearchResult]]] = {}
+    for mode, fusion in (("hybrid", Fusion()), *((mode, SENTENCES) for mode in cosines)):
+        pool = max(k, fusion.pool)  # as the store's hybrid search
+        if pool not in pools:
+            everyone = np.ones(len(o.memories), dtype=bool)
+            near = nearest(o.memories, o.matrix, vector, pool)
+            pools[pool] = near, _bm25.ranked(o.words, o.memories, query, everyone, pool)
+        near, text = pools[pool]
+        if mode != "hybrid":  # every candidate of either ranking, by its cosine
+            candidates, cosine = {h.memory.id for h in (*near, *text)}, cosines[mode]
+            near = [SearchResult(m, float(cosine[i])) for i, m in enumerate(o.memories) if m.id in candidates]
+        out[mode] = [h.memory.id for h in fuse_scores(near, text, k, fusion)]
+    return out
 
 
-def best_cosine(o: Owner, vector: np.ndarray, *, short: bool) -> np.ndarray:
-    """Each memory's best cosine with ``vector``: its whole vector's or a sentence's."""
-    best = o.matrix @ vector
+def best_cosine(o: Owner, whole: np.ndarray, vector: np.ndarray, *, short: bool) -> np.ndarray:
+    """Each memory's best cosine with ``vector``: its whole vector's (``whole``) or a sentence's."""
+    best = whole.copy()
     if len(o.parts):
         used = o.short[o.part_of] if short else np.ones(len(o.part_of), dtype=bool)
         np.maximum.at(best, o.part_of[used], o.parts[used] @ vector)
@@ -178,9 +185,9 @@ def evaluate(
         embedder.save()
         for q in (q for q in ds.questions if q.owner == name):
             gold = {o.memories[o.stands_for[g]].id for g in q.gold}
-            for mode in MODES:
-                rows[mode].append((q.category, recall(ranked(o, q.text, qvecs[q.id], mode, max(KS)), gold)))
-    return {mode: summarize(r) for mode, r in rows.items()}
+            for mode, found in ranked(o, q.text, qvecs[q.id], max(KS)).items():
+                rows[mode].append((q.category, recall(found, gold)))
+    return {mode: summarize(rows[mode]) for mode in MODES}
 
 
 def write_cost(ds: data.Dataset, real: Any, most: int, n: int = 300, rounds: int = 3) -> dict[str, Any]:
@@ -229,9 +236,7 @@ def run(datasets: list[str], *, small: bool = False, most: int = MAX_PARTS) -> d
         qvecs = dict(zip([q.id for q in ds.questions], vectors, strict=True))
         qembedder.save()
         per: dict[str, Any] = {}
-        dev, held_out = data.split(ds)
-        if small:  # as bench.retrieval --small: the smallest held-out owner
-            dev, held_out = set(), {min(held_out, key=lambda o: len(ds.turns[o]))}
+        dev, held_out = data.split(ds, small=small)
         for part, owners in (("dev", dev), ("held_out", held_out)):
             if not owners:
                 continue
