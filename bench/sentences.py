@@ -1,33 +1,30 @@
-"""What a vector per sentence would add to hybrid search: a prototype, measured on the retrieval benchmark.
+"""What each part of hybrid search adds, sentence vectors most of all: an ablation on the retrieval benchmark.
 
     PYTHONPATH=src python -m bench.sentences                 # LoCoMo and LongMemEval
     PYTHONPATH=src python -m bench.sentences --datasets locomo --json out.json
     PYTHONPATH=src python -m bench.sentences --small     # retrieval's --small owner (a test)
 
-Not a feature of statekeep yet: it measures one before it is built. A memory has one
-vector, of its whole text, and all-MiniLM-L6-v2 reads at most 256 tokens of it. What a
-person tells a chat assistant often hides one fact in a longer request ("Can you
-suggest workout playlists? By the way, I take Zumba on Tuesdays"), and the vector of
-the whole is mostly the request. Here each memory of two or more sentences also has a
-vector per sentence (at most :data:`MAX_PARTS`), and in a hybrid search every
-candidate's vector score is the best of its whole vector and its sentences'.
-
-It reproduces LanceDB's hybrid search in process, from statekeep's own parts: the
-same memories (exact duplicates standing for the first, as ``dedupe="exact"`` does),
-unit vectors and exact cosine (what LanceDB computes at this size), BM25 over the
-owner's memories (:class:`statekeep.memory._bm25.TextIndex`, as the store ranks) and
-the store's fusion (:func:`statekeep.memory._ranking.fuse_scores`). Its ``vector`` and
+A memory of two or more sentences and at most ``SENTENCE_CHARS`` characters keeps a
+vector per sentence (:mod:`statekeep.memory._sentences`), and hybrid search scores every
+candidate of either ranking by its best cosine. This rebuilds LanceDB's hybrid search in
+process from statekeep's own parts (the same memories, exact duplicates standing for
+the first as ``dedupe="exact"`` does; unit vectors and exact cosine; BM25 over the
+owner's memories, :class:`statekeep.memory._bm25.TextIndex`; the store's fusion,
+:func:`statekeep.memory._ranking.fuse_scores`) and takes it apart. Its ``vector`` and
 ``hybrid`` rows must equal the store's in ``bench/results/retrieval.json``, overall and
 by category (checked when that file has the dataset; the test suite checks it on one
-owner). ``hybrid+sentences`` then changes the fusion and adds the sentences: the vector
-ranking scores every candidate of either ranking (the store scores only its own 50),
-by the best of its whole vector's and its sentences' cosine, with the vector weight
-chosen on the development split (:data:`SENTENCES`). ``hybrid+union`` is that fusion
-with whole vectors only, so the two rows part what the fusion adds from what the
-sentences add. The ``/short`` modes give sentence vectors only to memories of at most
-:data:`SHORT_CHARS` characters. Write cost: the time to embed a batch of memories with
-their sentences (every memory's, or the short ones') against without, interleaved
-rounds, medians. ``--max-parts`` changes how many sentences a memory keeps.
+owner). The other rows:
+
+* ``hybrid/before``: the fusion before sentences: vector weight 0.3, and the vector
+  ranking scores only its own candidates, by their whole vector;
+* ``hybrid/union``: the vector ranking scores every candidate of either ranking (weight
+  0.5), by its whole vector only: what the fusion adds without sentences;
+* ``hybrid/all-sentences``: sentences for memories of any length (the write costs more);
+* ``sentences``: plain dense search by the best cosine, for comparison with ``vector``.
+
+Write cost: the time to embed a batch of memories with the sentences the store keeps
+(``sentences/short``) and with every memory's (``sentences``), against without,
+interleaved rounds, medians.
 """
 
 from __future__ import annotations
@@ -35,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import sys
 import time
 from collections import defaultdict
@@ -52,47 +48,14 @@ from statekeep.memory import Memory, Provenance, SearchResult, SentenceTransform
 from statekeep.memory._bm25 import TextIndex
 from statekeep.memory._dedupe import identity
 from statekeep.memory._exact import nearest
-from statekeep.memory._ranking import LENGTH_PIVOT, Fusion, fuse_scores
+from statekeep.memory._ranking import Fusion, fuse_scores
+from statekeep.memory._sentences import SENTENCE_CHARS, sentences
 from statekeep.memory.embedders import normalize
 
 OUT = Path(__file__).parent / "results" / "sentences.json"
-#: A memory's sentences: split after . ! ? and at line breaks; a piece of fewer than
-#: ``MIN_WORDS`` words joins the one before ("Yes. Thanks!" is one).
-_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
-MIN_WORDS = 4
-#: Sentences embedded per memory, at most (the first ones); ``--max-parts``.
-MAX_PARTS = 16
-#: The second form measured: only memories no longer than the length prior's pivot get
-#: sentence vectors; the long ones, scored down anyway, keep one vector.
-SHORT_CHARS = LENGTH_PIVOT
-#: The fusion of the ``hybrid+`` modes, chosen on the development split (vector weight 0.3 to
-#: 0.6, 50 or 100 candidates of each ranking, length weight 1 or 2).
-SENTENCES = Fusion(vector_weight=0.5)
-#: ``sentences``: dense search by the best of whole and sentences (``/short``: sentences of the
-#: short memories only). ``hybrid+union``, the control: the ``hybrid+sentences`` fusion (every
-#: candidate of either ranking scored by its cosine, ``SENTENCES``) with whole vectors only.
-MODES = (
-    "vector",
-    "sentences",
-    "sentences/short",
-    "hybrid",
-    "hybrid+union",
-    "hybrid+sentences",
-    "hybrid+sentences/short",
-)
-
-
-def sentences(text: str, most: int = MAX_PARTS) -> list[str]:
-    """The first ``most`` sentences of a memory's text, when it has two or more (else none)."""
-    out: list[str] = []
-    for piece in (p.strip() for p in _SPLIT.split(text)):
-        if not piece:
-            continue
-        if out and len(piece.split()) < MIN_WORDS:
-            out[-1] += " " + piece
-        else:
-            out.append(piece)
-    return out[:most] if len(out) > 1 else []
+#: The fusion before sentence vectors (its vector weight).
+BEFORE = Fusion(vector_weight=0.3)
+MODES = ("vector", "sentences", "hybrid/before", "hybrid/union", "hybrid", "hybrid/all-sentences")
 
 
 @dataclass
@@ -104,11 +67,11 @@ class Owner:
     matrix: np.ndarray
     parts: np.ndarray  # one row per sentence
     part_of: np.ndarray  # the memory of each sentence
-    short: np.ndarray  # memories of at most SHORT_CHARS characters
+    short: np.ndarray  # memories of at most SENTENCE_CHARS characters: the store keeps their sentences
     words: TextIndex
 
 
-def load_owner(turns: list[data.Turn], embedder: Any, most: int) -> Owner:
+def load_owner(turns: list[data.Turn], embedder: Any) -> Owner:
     """The owner's memories as the store keeps them: repeats stand for the first; unit vectors."""
     memories: list[Memory] = []
     stands_for: dict[str, int] = {}
@@ -126,7 +89,7 @@ def load_owner(turns: list[data.Turn], embedder: Any, most: int) -> Owner:
             )  # fmt: skip
         stands_for[t.id] = seen[ident]
     texts = [m.content for m in memories]
-    split = [sentences(text, most) for text in texts]
+    split = [sentences(text) for text in texts]
     part_of = np.array([i for i, ss in enumerate(split) for _ in ss], dtype=np.int64)
     parts = [s for ss in split for s in ss]
     return Owner(
@@ -135,7 +98,7 @@ def load_owner(turns: list[data.Turn], embedder: Any, most: int) -> Owner:
         normalize(embedder.embed(texts)),
         normalize(embedder.embed(parts)) if parts else np.zeros((0, embedder.dimension), dtype=np.float32),
         part_of,
-        np.array([len(text) <= SHORT_CHARS for text in texts], dtype=bool),
+        np.array([len(text) <= SENTENCE_CHARS for text in texts], dtype=bool),
         TextIndex(texts),
     )
 
@@ -144,26 +107,20 @@ def ranked(o: Owner, query: str, vector: np.ndarray, k: int) -> dict[str, list[s
     """The ids each mode returns, best first: each ranking and cosine computed once for all modes."""
     whole = o.matrix @ vector
     cosines = {
-        "hybrid+union": whole,
-        "hybrid+sentences": best_cosine(o, whole, vector, short=False),
-        "hybrid+sentences/short": best_cosine(o, whole, vector, short=True),
+        "hybrid/union": whole,
+        "hybrid": best_cosine(o, whole, vector, short=True),
+        "hybrid/all-sentences": best_cosine(o, whole, vector, short=False),
     }
     out = {"vector": [h.memory.id for h in nearest(o.memories, o.matrix, vector, k)]}  # as the store
-    for form in ("", "/short"):
-        best = cosines[f"hybrid+sentences{form}"]
-        out[f"sentences{form}"] = [o.memories[int(i)].id for i in np.argsort(-best, kind="stable")[:k]]
-    pools: dict[int, tuple[list[SearchResult], list[SearchResult]]] = {}
-    for mode, fusion in (("hybrid", Fusion()), *((mode, SENTENCES) for mode in cosines)):
-        pool = max(k, fusion.pool)  # as the store's hybrid search
-        if pool not in pools:
-            everyone = np.ones(len(o.memories), dtype=bool)
-            near = nearest(o.memories, o.matrix, vector, pool)
-            pools[pool] = near, _bm25.ranked(o.words, o.memories, query, everyone, pool)
-        near, text = pools[pool]
-        if mode != "hybrid":  # every candidate of either ranking, by its cosine
-            candidates, cosine = {h.memory.id for h in (*near, *text)}, cosines[mode]
-            near = [SearchResult(m, float(cosine[i])) for i, m in enumerate(o.memories) if m.id in candidates]
-        out[mode] = [h.memory.id for h in fuse_scores(near, text, k, fusion)]
+    out["sentences"] = [o.memories[int(i)].id for i in np.argsort(-cosines["hybrid"], kind="stable")[:k]]
+    pool = max(k, Fusion().pool)  # as the store's hybrid search
+    near = nearest(o.memories, o.matrix, vector, pool)
+    text = _bm25.ranked(o.words, o.memories, query, np.ones(len(o.memories), dtype=bool), pool)
+    out["hybrid/before"] = [h.memory.id for h in fuse_scores(near, text, k, BEFORE)]
+    candidates = {h.memory.id for h in (*near, *text)}
+    for mode, cosine in cosines.items():  # every candidate of either ranking, by its cosine
+        scored = [SearchResult(m, float(cosine[i])) for i, m in enumerate(o.memories) if m.id in candidates]
+        out[mode] = [h.memory.id for h in fuse_scores(scored, text, k, Fusion())]
     return out
 
 
@@ -177,11 +134,11 @@ def best_cosine(o: Owner, whole: np.ndarray, vector: np.ndarray, *, short: bool)
 
 
 def evaluate(
-    ds: data.Dataset, owners: set[str], embedder: Any, qvecs: dict[str, np.ndarray], most: int
+    ds: data.Dataset, owners: set[str], embedder: Any, qvecs: dict[str, np.ndarray]
 ) -> dict[str, Any]:
     rows: dict[str, list[tuple[str, dict[int, float]]]] = defaultdict(list)
     for name in sorted(owners):
-        o = load_owner(ds.turns[name], embedder, most)
+        o = load_owner(ds.turns[name], embedder)
         embedder.save()
         for q in (q for q in ds.questions if q.owner == name):
             gold = {o.memories[o.stands_for[g]].id for g in q.gold}
@@ -190,9 +147,10 @@ def evaluate(
     return {mode: summarize(rows[mode]) for mode in MODES}
 
 
-def write_cost(ds: data.Dataset, real: Any, most: int, n: int = 300, rounds: int = 3) -> dict[str, Any]:
+def write_cost(ds: data.Dataset, real: Any, n: int = 300, rounds: int = 3) -> dict[str, Any]:
     """Milliseconds a memory to embed ``n`` random memories in one batch: alone, with every one's
-    sentences, and with the sentences of the short ones only (interleaved rounds; medians).
+    sentences, and with the sentences of the short ones only, as the store keeps them
+    (interleaved rounds; medians).
 
     A batch's throughput, not the latency of one ``remember``, which embeds a few texts in
     numpy rather than through sentence-transformers (:mod:`statekeep.memory._bert`).
@@ -201,8 +159,8 @@ def write_cost(ds: data.Dataset, real: Any, most: int, n: int = 300, rounds: int
     texts = [content(t) for t in random.Random(7).sample(turns, n)]
     forms = {
         "alone": [],
-        "sentences": [s for text in texts for s in sentences(text, most)],
-        "sentences/short": [s for text in texts if len(text) <= SHORT_CHARS for s in sentences(text, most)],
+        "sentences": [s for text in texts for s in sentences(text)],
+        "sentences/short": [s for text in texts if len(text) <= SENTENCE_CHARS for s in sentences(text)],
     }
     times: dict[str, list[float]] = {form: [] for form in forms}
     for _ in range(rounds):
@@ -219,7 +177,7 @@ def write_cost(ds: data.Dataset, real: Any, most: int, n: int = 300, rounds: int
     }
 
 
-def run(datasets: list[str], *, small: bool = False, most: int = MAX_PARTS) -> dict[str, Any]:
+def run(datasets: list[str], *, small: bool = False) -> dict[str, Any]:
     real = SentenceTransformerEmbedder()
     embedder = data.CachedEmbedder(real, "turns")  # the sentences too: one cache of stored texts
     qembedder = data.CachedEmbedder(real, "questions")
@@ -227,8 +185,9 @@ def run(datasets: list[str], *, small: bool = False, most: int = MAX_PARTS) -> d
     results: dict[str, Any] = {
         "datasets": {},
         "source": data.PACKAGE,
-        "fusion": vars(SENTENCES),
-        "sentences": {"max_parts": most, "short_chars": SHORT_CHARS},
+        "fusion": vars(Fusion()),
+        "before": vars(BEFORE),
+        "sentence_chars": SENTENCE_CHARS,
     }
     for name in datasets:
         ds = data.LOADERS[name]()
@@ -240,7 +199,7 @@ def run(datasets: list[str], *, small: bool = False, most: int = MAX_PARTS) -> d
         for part, owners in (("dev", dev), ("held_out", held_out)):
             if not owners:
                 continue
-            per[part] = evaluate(ds, owners, embedder, qvecs, most)
+            per[part] = evaluate(ds, owners, embedder, qvecs)
             print(
                 f"{name} {part}: " + "  ".join(f"{m} {per[part][m]['all']['10']:.3f}" for m in MODES),
                 flush=True,
@@ -249,7 +208,7 @@ def run(datasets: list[str], *, small: bool = False, most: int = MAX_PARTS) -> d
             for mode in ("vector", "hybrid"):  # overall and by category, recall@1/5/10/20
                 if mode in store and store[mode] != per[part][mode]:
                     raise SystemExit(f"{name} {part}: {mode} in process differs from the store's")
-        per["write_cost"] = write_cost(ds, real, most, n=30 if small else 300)
+        per["write_cost"] = write_cost(ds, real, n=30 if small else 300)
         print(f"{name} write cost: {per['write_cost']}", flush=True)
         results["datasets"][name] = per
     return results
@@ -278,15 +237,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--datasets", nargs="+", choices=sorted(data.LOADERS))
     parser.add_argument("--small", action="store_true", help="the smallest held-out owner of each dataset")
     parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--max-parts", type=int, default=MAX_PARTS, help="sentences per memory, at most")
     args = parser.parse_args(argv)
-    if args.max_parts < 1:
-        parser.error("--max-parts must be at least 1")
-    default = not (args.datasets or args.small or args.max_parts != MAX_PARTS)
+    default = not (args.datasets or args.small)
     try:
         small = args.small
         datasets = args.datasets or (["locomo"] if small else sorted(data.LOADERS))
-        results = run(datasets, small=small, most=args.max_parts)
+        results = run(datasets, small=small)
     except data.Unreachable as exc:
         print(f"SKIP: {exc}", file=sys.stderr)
         return 3

@@ -220,7 +220,7 @@ def test_a_folder_of_an_earlier_version_is_upgraded_with_identities_and_write_or
     from statekeep.memory._lance_layout import schema
     from statekeep.memory.lancedb import TABLE
 
-    new = ("key", "dedupe_key", "duplicate_score", "seq")
+    new = ("key", "dedupe_key", "duplicate_score", "seq", "sentences")
     old_schema = pa.schema([f for f in schema(16) if f.name not in new])
     contents = ["Alice has a dog.", "Alice drinks tea.", "Bye!"]
     none = [None] * 3

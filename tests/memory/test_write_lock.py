@@ -175,8 +175,10 @@ def test_a_fact_another_writer_stored_then_superseded_or_erased_is_stored_again(
     insert = store._insert_unless_same
     lost: list[list[Memory | None]] = []
 
-    def insert_then_other_moves(memories: list[Memory], vectors: Any, now: Any) -> list[Memory | None]:
-        stored = insert(memories, vectors, now)
+    def insert_then_other_moves(
+        memories: list[Memory], vectors: Any, now: Any, parts: Any = None
+    ) -> list[Memory | None]:
+        stored = insert(memories, vectors, now, parts)
         if not lost:
             lost.append(stored)
             if then == "superseded":

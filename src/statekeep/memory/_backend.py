@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from datetime import datetime
 
+from statekeep.memory._sentences import Parts, best_cosine
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Vectors
 
@@ -18,14 +19,15 @@ class MemoryBackend(ABC):
     """What a backend provides: storage and the two rankings (vector, full text) of one owner."""
 
     @abstractmethod
-    def _insert(self, memories: list[Memory], vectors: Vectors) -> list[Memory]:
+    def _insert(self, memories: list[Memory], vectors: Vectors, parts: Parts | None = None) -> list[Memory]:
         """Store memories (all of one owner) with their vectors, atomically; return them as stored.
 
-        The store gives each its ``seq``, increasing in the order of ``memories``.
+        ``parts``: each memory's sentence vectors, or None (:mod:`._sentences`). The
+        store gives each its ``seq``, increasing in the order of ``memories``.
         """
 
     def _insert_unless_same(
-        self, memories: list[Memory], vectors: Vectors, now: datetime
+        self, memories: list[Memory], vectors: Vectors, now: datetime, parts: Parts | None = None
     ) -> list[Memory | None]:
         """As :meth:`_insert`, but None in place of a memory whose identity the owner has by ``now``.
 
@@ -33,7 +35,7 @@ class MemoryBackend(ABC):
         looked. A backend that other processes write to concurrently makes the
         check and the insert one step (pgvector); this default inserts them all.
         """
-        stored: list[Memory | None] = list(self._insert(memories, vectors))
+        stored: list[Memory | None] = list(self._insert(memories, vectors, parts))
         return stored
 
     @abstractmethod
@@ -53,8 +55,28 @@ class MemoryBackend(ABC):
     def _hybrid(
         self, owner: str, vector: Vectors, query: str, k: int, filters: Filters, now: datetime
     ) -> tuple[list[SearchResult], list[SearchResult]]:
-        """The vector and the full-text ranking of a hybrid search (backends override to do both at once)."""
-        return self._nearest(owner, vector, k, filters, now), self._text(owner, query, k, filters, now)
+        """The two rankings of a hybrid search: the ``k`` nearest and the ``k`` best by full text,
+        then every one of either (of this model) scored by its best cosine (:meth:`_cosines`).
+
+        Backends override it to do it all at once.
+        """
+        near, text = self._nearest(owner, vector, k, filters, now), self._text(owner, query, k, filters, now)
+        candidates = {h.memory.id: h.memory for h in (*near, *text)}
+        cosines = self._cosines(owner, vector, sorted(candidates))
+        return [SearchResult(candidates[i], score) for i, score in cosines.items()], text
+
+    def _cosines(self, owner: str, vector: Vectors, ids: list[str]) -> dict[str, float]:
+        """For each of the owner's memories ``ids`` embedded by this store's model: its best cosine
+        with ``vector``, of its whole vector's and its sentences' (:func:`._sentences.best_cosine`)."""
+        return {
+            memory_id: best_cosine(whole, parts, vector)
+            for memory_id, (whole, parts) in self._vectors_of(owner, ids).items()
+        }
+
+    def _vectors_of(self, owner: str, ids: list[str]) -> dict[str, tuple[Vectors, Vectors | None]]:
+        """The whole vector and the sentence vectors (or None) of each of ``ids`` embedded by this
+        store's model (backends override it, or :meth:`_cosines`)."""
+        raise NotImplementedError
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         """The nearest current memory of ``owner`` to each vector (backends override to batch it)."""
@@ -99,5 +121,7 @@ class MemoryBackend(ABC):
         """Up to ``limit`` memories embedded by another model: (owner, id, content)."""
 
     @abstractmethod
-    def _set_vectors(self, model: str, keys: list[tuple[str, str]], vectors: Vectors) -> None:
-        """Store new vectors of ``model`` for the memories named by (owner, id)."""
+    def _set_vectors(
+        self, model: str, keys: list[tuple[str, str]], vectors: Vectors, parts: Parts | None = None
+    ) -> None:
+        """Store new vectors of ``model`` (and sentence vectors) for the memories named by (owner, id)."""

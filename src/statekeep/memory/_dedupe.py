@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from statekeep.errors import InvalidInputError
+from statekeep.memory._sentences import Parts
 from statekeep.memory._types import DEDUPE_MODES, Dedupe, DedupeMode, Memory, SearchResult
 from statekeep.memory.embedders import Vectors
 
@@ -97,20 +98,26 @@ def plan(idents: list[str], found: dict[str, Memory], policy: DedupeMode) -> tup
     return first, fresh
 
 
-#: The vectors of a write that stores nothing.
-NO_VECTORS: Vectors = np.empty((0, 0), dtype=np.float32)
+#: The vectors and sentence vectors of a write that stores nothing.
+NOTHING: tuple[Vectors, Parts] = (np.empty((0, 0), dtype=np.float32), [])
 
 
 def replan(
-    idents: list[str], found: dict[str, Memory], policy: DedupeMode, fresh: list[int], vectors: Vectors
-) -> tuple[dict[str, int], list[int], Vectors]:
+    idents: list[str],
+    found: dict[str, Memory],
+    policy: DedupeMode,
+    fresh: list[int],
+    vectors: Vectors,
+    parts: Parts,
+) -> tuple[dict[str, int], list[int], Vectors, Parts]:
     """:func:`plan` again, after another look found more of the identities (``found``), with the
-    vectors (embedded already, one per item of ``fresh``) of the items still to store."""
+    vectors and sentence vectors (embedded already, one per item of ``fresh``) of the items still to store."""
     first, kept = plan(idents, found, policy)
     if kept == fresh:
-        return first, fresh, vectors
+        return first, fresh, vectors, parts
     row = {item: n for n, item in enumerate(fresh)}
-    return first, kept, vectors[[row[item] for item in kept]]
+    rows = [row[item] for item in kept]
+    return first, kept, vectors[rows], [parts[i] for i in rows]
 
 
 def similar_links(

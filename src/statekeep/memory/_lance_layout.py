@@ -41,6 +41,7 @@ import numpy as np
 
 from statekeep.memory._dedupe import identity
 from statekeep.memory._rows import COLUMNS, to_row
+from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Memory
 from statekeep.memory.embedders import Vectors
 
@@ -51,6 +52,8 @@ SEGMENT_FILES = 8
 OWNER = "owner_idx"
 #: The full-text index of older statekeep versions (dropped by :func:`drop_old_text_index`).
 OLD_TEXT = "content_idx"
+#: The column of each memory's sentence vectors.
+SENTENCES = "sentences"
 #: Each index ``optimize`` builds: its column and Lance index type.
 INDEXES = {OWNER: ("owner", "BTREE")}
 #: An owner index segment over fewer rows is small: a layout leaves at most one (its last group).
@@ -87,8 +90,24 @@ def schema(dimension: int) -> Any:
             ("duplicate_score", pa.float64()),
             ("seq", pa.int64()),
             ("vector", pa.list_(pa.float32(), dimension)),
+            # a memory's sentence vectors (:mod:`._sentences`) one after the other, or null
+            (SENTENCES, pa.list_(pa.float32())),
         ]
     )
+
+
+def add_sentences(table: Any) -> None:
+    """Give a table of an older statekeep the sentence column (null for every memory it holds)."""
+    import pyarrow as pa
+
+    table.add_columns(pa.field(SENTENCES, pa.list_(pa.float32())))
+
+
+def sentence_vectors(flat: Any, dimension: int) -> Vectors | None:
+    """A memory's sentence vectors from its ``sentences`` cell (a list of floats or null)."""
+    if flat is None or not len(flat):
+        return None
+    return np.asarray(flat, dtype=np.float32).reshape(-1, dimension)
 
 
 def drop_old_text_index(table: Any) -> bool:
@@ -124,6 +143,7 @@ def upgrade(db: Any, name: str, table: Any) -> Any:
         "dedupe_key": pa.array([identity(c, None) for c in contents], pa.string()),
         "duplicate_score": pa.nulls(old.num_rows, pa.float64()),
         "seq": pa.array(seq, pa.int64()),
+        SENTENCES: pa.nulls(old.num_rows, pa.list_(pa.float32())),
     }
     data = pa.table({n: added[n] if n in added else old.column(n) for n in into.names}, schema=into)
     table = db.create_table(name, data=data, schema=into, mode="overwrite")
@@ -131,14 +151,16 @@ def upgrade(db: Any, name: str, table: Any) -> Any:
     return table
 
 
-def arrow_rows(memories: list[Memory], vectors: Vectors, dimension: int) -> Any:
-    """These memories and their vectors as an Arrow table of the memories table's schema."""
+def arrow_rows(memories: list[Memory], vectors: Vectors, dimension: int, parts: Parts | None = None) -> Any:
+    """These memories, their vectors and sentence vectors as an Arrow table of the memories table's schema."""
     import pyarrow as pa
 
     rows = [to_row(m) for m in memories]
     columns = {c: [r[c] for r in rows] for c in COLUMNS}
     flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
     columns["vector"] = pa.FixedSizeListArray.from_arrays(flat, dimension)
+    cells = [None if p is None else np.asarray(p, dtype=np.float32).reshape(-1) for p in parts or ()]
+    columns[SENTENCES] = pa.array(cells or [None] * len(rows), pa.list_(pa.float32()))
     return pa.table(columns, schema=schema(dimension))
 
 

@@ -25,7 +25,9 @@ import numpy as np
 import numpy.typing as npt
 
 from statekeep.memory._bm25 import TextIndex
+from statekeep.memory._lance_layout import SENTENCES, sentence_vectors
 from statekeep.memory._rows import from_row, to_us
+from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory
 from statekeep.memory.embedders import Vectors
 
@@ -47,16 +49,26 @@ class OwnerRows:
     merged: npt.NDArray[np.bool_]
     expires_us: npt.NDArray[np.int64]  # NEVER when it does not expire
     models: npt.NDArray[np.str_]
+    sentences: dict[str, Vectors]  # memory id -> its sentence vectors (:mod:`._sentences`), if it has them
 
     @cached_property
     def by_id(self) -> dict[str, Memory]:
         """The memories by id."""
         return {m.id: m for m in self.memories}
 
+    @cached_property
+    def _row(self) -> dict[str, int]:
+        return {m.id: n for n, m in enumerate(self.memories)}
+
+    def rows_of(self, ids: list[str]) -> dict[str, int]:
+        """The row of each of ``ids`` held (in ``memories`` and ``matrix``)."""
+        return {i: self._row[i] for i in ids if i in self._row}
+
     @property
     def nbytes(self) -> int:
         """About how much memory this takes."""
-        return OWNER_BYTES + int(self.matrix.nbytes) + ROW_BYTES * len(self.memories)
+        parts = sum(int(p.nbytes) for p in self.sentences.values())
+        return OWNER_BYTES + int(self.matrix.nbytes) + parts + ROW_BYTES * len(self.memories)
 
     #: shared by the later snapshots of the owner; empty until the first full-text search
     words: TextIndex = field(default_factory=TextIndex, compare=False)
@@ -89,11 +101,14 @@ class OwnerRows:
             index.add(m.content for m in self.memories[len(index.lengths) :])
         return index
 
-    def extended(self, memories: list[Memory], vectors: Vectors) -> OwnerRows:
-        """These rows and ``memories`` just written (their vectors in ``vectors``)."""
-        return replace(
-            held_rows(self.memories + memories, np.concatenate([self.matrix, vectors])), words=self.words
-        )
+    def extended(self, memories: list[Memory], vectors: Vectors, parts: Parts | None = None) -> OwnerRows:
+        """These rows and ``memories`` just written (their vectors in ``vectors``, sentences in ``parts``)."""
+        sentences = dict(self.sentences)
+        for m, p in zip(memories, parts or [None] * len(memories), strict=True):
+            if p is not None:
+                sentences[m.id] = p
+        matrix = np.concatenate([self.matrix, vectors])
+        return replace(held_rows(self.memories + memories, matrix, sentences), words=self.words)
 
     def superseding(self, memory_id: str, successor: str) -> OwnerRows:
         """These rows with ``memory_id`` pointing at ``successor``."""
@@ -179,14 +194,25 @@ class OwnerCache:
 
 
 def owner_rows(table: Any, dimension: int) -> OwnerRows:
-    """An owner's rows read from LanceDB (every column and the vector) as the cache holds them."""
+    """An owner's rows read from LanceDB (every column, the vector, the sentences if read) as the cache
+    holds them."""
+    sentences: dict[str, Vectors] = {}
+    if SENTENCES in table.column_names:
+        ids = table.column("id").to_pylist()
+        for memory_id, cell in zip(ids, table.column(SENTENCES).to_pylist(), strict=True):
+            parts = sentence_vectors(cell, dimension)
+            if parts is not None:
+                sentences[memory_id] = parts
+        table = table.drop_columns([SENTENCES])
     memories = [from_row(r) for r in table.drop_columns(["vector"]).to_pylist()]
     flat = table.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    return held_rows(memories, np.asarray(flat, dtype=np.float32).reshape(-1, dimension))
+    return held_rows(memories, np.asarray(flat, dtype=np.float32).reshape(-1, dimension), sentences)
 
 
-def held_rows(memories: list[Memory], matrix: Vectors) -> OwnerRows:
-    """Memories and their vectors, with the columns a search filters on."""
+def held_rows(
+    memories: list[Memory], matrix: Vectors, sentences: dict[str, Vectors] | None = None
+) -> OwnerRows:
+    """Memories and their vectors (and sentence vectors, by id), with the columns a search filters on."""
     return OwnerRows(
         memories=memories,
         matrix=np.ascontiguousarray(matrix, dtype=np.float32),
@@ -196,4 +222,5 @@ def held_rows(memories: list[Memory], matrix: Vectors) -> OwnerRows:
             [NEVER if m.expires_at is None else to_us(m.expires_at) for m in memories], dtype=np.int64
         ),
         models=np.array([m.model for m in memories], dtype=str),
+        sentences=sentences or {},
     )

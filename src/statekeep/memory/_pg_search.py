@@ -52,7 +52,22 @@ def _filter_parts(f: Filters, params: dict[str, object]) -> list[str]:
     return parts
 
 
-def nearest_sql(model: str, dimension: int, clause: str, *, exact: bool = False) -> str:
+def best_sql(dimension: int) -> str:
+    """A memory's best cosine with ``:q``: of its whole vector's and its sentences' (:mod:`._sentences`)."""
+    vec = f"CAST(:q AS vector({int(dimension)}))"
+    sentences = f"(SELECT max(1 - (s <=> {vec})) FROM unnest(sentences) AS s)"
+    return f"greatest(1 - ({vector_expr(dimension)} <=> {vec}), {sentences})"
+
+
+def cosines_sql(model: str, dimension: int) -> str:
+    """The best cosine (:func:`best_sql`) of each of the owner's memories ``:ids`` embedded by ``model``."""
+    return (
+        f"SELECT id, {best_sql(dimension)} AS best FROM {TABLE} "
+        f"WHERE owner = :owner AND id = ANY(:ids) AND model = {literal(model)}"
+    )
+
+
+def nearest_sql(model: str, dimension: int, clause: str, *, exact: bool = False, best: bool = False) -> str:
     """Nearest-neighbour search in one model's partial index (the model inlined to match it).
 
     Through the index (``exact=False``): the ``:k`` nearest, ties at the cut by :data:`TIES`.
@@ -60,21 +75,22 @@ def nearest_sql(model: str, dimension: int, clause: str, *, exact: bool = False)
     carrying only its id (a top-N sort of narrow rows, not of every column of every row), and
     the whole rows of the ``:k`` nearest are then read by primary key, in no order. Rows tied
     at the cut are cut arbitrarily: the caller asks for one more than it needs, and again for
-    more if that one ties (:func:`_ranking.top_k`).
+    more if that one ties (:func:`_ranking.top_k`). ``best``: each row also has its best
+    cosine (:func:`best_sql`), for a hybrid search.
     """
     expr, vec = vector_expr(dimension), f"CAST(:q AS vector({int(dimension)}))"
-    distance = f"{expr} <=> {vec}"
+    distance = f"{expr} <=> {vec}" + (f" AS distance, {best_sql(dimension)} AS best" if best else "")
     where = f"{clause} AND model = {literal(model)}"
     if exact:
         # cosine_distance is what <=> computes, but no index can order by a function call: the planner
         # must rank every row, and never pick the approximate HNSW scan for a small owner
         ranked = f"SELECT id FROM {TABLE} WHERE {where} ORDER BY cosine_distance({expr}, {vec}) LIMIT :k"
         return (
-            f"SELECT {SELECT_COLUMNS}, {distance} AS distance FROM {TABLE} "
+            f"SELECT {SELECT_COLUMNS}, {distance}{'' if best else ' AS distance'} FROM {TABLE} "
             f"WHERE owner = :owner AND id = ANY(ARRAY({ranked}))"
         )
     return (
-        f"SELECT {SELECT_COLUMNS}, {distance} AS distance FROM {TABLE} WHERE {where} "
+        f"SELECT {SELECT_COLUMNS}, {distance}{'' if best else ' AS distance'} FROM {TABLE} WHERE {where} "
         f"ORDER BY distance, {TIES} LIMIT :k"
     )
 
@@ -116,7 +132,7 @@ def _weighted_rank() -> str:
     return f"{slots} + CASE WHEN cardinality(qq.ws) > {_WORD_SLOTS} THEN {rest} ELSE 0 END"
 
 
-def text_sql(clause: str) -> str:
+def text_sql(clause: str, best: tuple[str, int] | None = None) -> str:
     """Full-text search: any distinctive word of the query matches (English stemming, stop words dropped).
 
     A word of the query found in more than ``COMMON_WORD_SHARE`` of the owner's memories
@@ -130,8 +146,12 @@ def text_sql(clause: str) -> str:
     only a frequent word of the query as high as one sharing its subject. Only the
     ``RERANKED`` best by the plain ``ts_rank`` of the kept words are weighted. Each word's
     count is one row of ``WORDS`` (migration 5). ``bench/retrieval.py`` chose all of this
-    on its development split.
+    on its development split. ``best`` (a model and its dimension): each row also has its
+    best cosine with ``:q`` (:func:`best_sql`) when embedded by that model, for a hybrid search.
     """
+    cosine = ""
+    if best is not None:
+        cosine = f", CASE WHEN model = {literal(best[0])} THEN {best_sql(best[1])} END AS best"
     cap = f"greatest({COMMON_WORD_SHARE} * n.n, {COMMON_WORD_MIN})"
     count = f"coalesce((SELECT memories FROM {WORDS} WHERE owner = :owner AND word = {{}}), 0)"
     # counted up to the share and one more (capped): when every word is common, they are all kept
@@ -150,6 +170,6 @@ def text_sql(clause: str) -> str:
         f"ORDER BY ts_rank(tsv, qq.q, 1) DESC FETCH FIRST {RERANKED} ROWS WITH TIES), "
         f"top AS (SELECT id, {_weighted_rank()} AS rank FROM qq, pool "
         "ORDER BY rank DESC FETCH FIRST :k ROWS WITH TIES) "
-        f"SELECT {SELECT_COLUMNS}, top.rank FROM {TABLE} JOIN top USING (id) WHERE owner = :owner "
+        f"SELECT {SELECT_COLUMNS}, top.rank{cosine} FROM {TABLE} JOIN top USING (id) WHERE owner = :owner "
         f"ORDER BY top.rank DESC, {TIES} LIMIT :k"
     )

@@ -39,16 +39,17 @@ SELECT_COLUMNS = (
     "id, owner, content, kind, tags, metadata, source, session_id, run_id, event_id, trust, model, "
     "created_us, expires_us, superseded_by, duplicate_of, key, dedupe_key, duplicate_score, seq"
 )
-_INTO = f"INSERT INTO {TABLE} ({SELECT_COLUMNS.removesuffix(', seq')}, embedding)"
+_INTO = f"INSERT INTO {TABLE} ({SELECT_COLUMNS.removesuffix(', seq')}, embedding, sentences)"
 _VALUES = (
     ":id, :owner, :content, :kind, :tags, CAST(:metadata AS jsonb), :source, :session_id, :run_id, "
     ":event_id, :trust, :model, :created_us, :expires_us, :superseded_by, :duplicate_of, :key, :dedupe_key, "
-    ":duplicate_score, :embedding"
+    ":duplicate_score, :embedding, CAST(:sentences AS vector[])"
 )
 #: A memory that dedupes its identity with ``:dedupe_key``: not superseded, not expired at ``:now_us``.
 _CURRENT = "superseded_by IS NULL AND (expires_us IS NULL OR expires_us > :now_us)"
 #: One memory in; its write order (``seq``) is the column's default. ``:embedding`` is sent in
-#: pgvector's binary format (a numpy array through pgvector's psycopg dumper).
+#: pgvector's binary format (a numpy array through pgvector's psycopg dumper), ``:sentences`` (a
+#: list of them, or None) as an array of vectors.
 INSERT = f"{_INTO} VALUES ({_VALUES})"
 #: One memory in, unless the owner has a current memory of its identity by now. After
 #: ``LOCK_IDENTITIES`` in a READ COMMITTED transaction, the check sees what every concurrent
@@ -309,6 +310,12 @@ def _grant_like_memories(conn: Connection) -> None:
             conn.exec_driver_sql(f"GRANT MAINTAIN ON {', '.join(partitions(WORDS))} TO {role.role}")
 
 
+def _sentences(conn: Connection) -> None:
+    """A vector per sentence of a short memory (:mod:`._sentences`), null for the memories written before."""
+    conn.exec_driver_sql(f"ALTER TABLE {TABLE} ADD COLUMN sentences vector[]")
+    conn.exec_driver_sql(f"ALTER TABLE {TABLE} ALTER COLUMN sentences SET STATISTICS 0")
+
+
 MIGRATIONS = [
     Migration(1, "memories, partitioned by owner, with row-level security", _create),
     Migration(2, "deduplication by identity, and a write order that breaks ranking ties", _dedupe_and_order),
@@ -323,6 +330,7 @@ MIGRATIONS = [
         "each owner's count of memories per word; text vectors kept in the row",
         _count_words,
     ),
+    Migration(6, "sentence vectors of short memories", _sentences),
 ]
 
 

@@ -5,10 +5,13 @@ point), then write order (``seq``), so the same data and query give the same
 results on every run and every backend whose scores agree.
 
 Hybrid search fuses the vector and the full-text ranking by their scores, not
-only their ranks: each ranking's scores are min-max normalised over its
-candidates (``POOL`` of each, whatever ``k``), then averaged with weights
-(``VECTOR_WEIGHT``, ``1 - VECTOR_WEIGHT``), so a memory far ahead in one ranking
-stays ahead of memories mediocre in both. Then each memory takes a share
+only their ranks. Its candidates are the ``POOL`` nearest by vector and the
+``POOL`` best by full text, whatever ``k``; the vector ranking scores every one
+of them (of the store's model) by its best cosine, of its whole vector's and
+its sentences' (:mod:`._sentences`), so a memory found by its words is also
+weighed by its meaning. Each ranking's scores are min-max normalised over its
+candidates, then averaged with weights (``VECTOR_WEIGHT``, ``1 - VECTOR_WEIGHT``),
+so a memory far ahead in one ranking stays ahead of memories mediocre in both. Then each memory takes a share
 (``CONTEXT_WEIGHT``) of the best fused score of its neighbours: the memories
 written just before and after it in the same session (``provenance.session_id``),
 so a short answer ("Yes, last Saturday!") is found through the question it
@@ -34,7 +37,7 @@ RRF_K = 60
 #: Candidates taken from each ranking of a hybrid search, whatever ``k`` (at least ``k``).
 POOL = 50
 #: The weight of the vector ranking in a hybrid search (the full-text ranking has the rest).
-VECTOR_WEIGHT = 0.3
+VECTOR_WEIGHT = 0.5
 #: The share of its best neighbour's fused score that a memory adds to its own.
 CONTEXT_WEIGHT = 0.4
 #: Neighbours: memories of the same session at most this far apart in write order.

@@ -10,6 +10,7 @@ from typing import ClassVar
 from statekeep import _check
 from statekeep.errors import InvalidInputError
 from statekeep.memory._backend import MemoryBackend
+from statekeep.memory._sentences import Parts
 from statekeep.memory._types import ForgetReceipt, Memory
 from statekeep.memory.embedders import Embedder, Vectors
 
@@ -36,8 +37,8 @@ class Upkeep(MemoryBackend):
         """One memory of the owner."""
 
     @abstractmethod
-    def _embed(self, texts: Sequence[str]) -> Vectors:
-        """Vectors of these texts, by this store's embedder."""
+    def _embed_parts(self, texts: Sequence[str]) -> tuple[Vectors, Parts]:
+        """Vectors of these texts and of their sentences, by this store's embedder."""
 
     # --- erasing -------------------------------------------------------------------------
 
@@ -147,8 +148,8 @@ class Upkeep(MemoryBackend):
             rows = self._stale(model, batch_size)
             if not rows:
                 break
-            vectors = self._embed([content for _, _, content in rows])
-            self._set_vectors(model, [(owner, mid) for owner, mid, _ in rows], vectors)
+            vectors, parts = self._embed_parts([content for _, _, content in rows])
+            self._set_vectors(model, [(owner, mid) for owner, mid, _ in rows], vectors, parts)
             done += len(rows)
             if progress is not None:
                 progress(done, total)

@@ -26,6 +26,7 @@ from statekeep.memory import _dedupe, _types
 from statekeep.memory._dedupe import DEFAULT_DUPLICATE_THRESHOLD, UNSET, merged, policy
 from statekeep.memory._ranking import RRF_K, Fusion, fuse, rank_key, top_k
 from statekeep.memory._reading import Reading
+from statekeep.memory._sentences import SENTENCE_CHARS, Parts, embed_with_sentences
 from statekeep.memory._types import (
     Dedupe,
     DedupeMode,
@@ -93,6 +94,9 @@ class MemoryStore(Reading, Upkeep):
     backend: ClassVar[str] = "base"
     #: How hybrid search fuses its rankings (pool, weights, session context).
     fusion: Fusion = Fusion()
+    #: Memories of at most this many characters keep a vector per sentence (:mod:`._sentences`);
+    #: 0 keeps none (written from then on: stored ones keep theirs until :meth:`reembed`).
+    sentence_chars: int = SENTENCE_CHARS
 
     def __init__(
         self,
@@ -194,8 +198,9 @@ class MemoryStore(Reading, Upkeep):
         ids = [_check.check_id(m.id, "memory_id") for m in memories]
         if len(owners) != 1 or len(set(ids)) != len(ids):
             raise InvalidInputError("must be of one owner, each id once", field="memories")
+        parts: Parts | None = None
         if vectors is None:
-            vectors = self._embed([m.content for m in memories])
+            vectors, parts = self._embed_parts([m.content for m in memories])
         shape = np.shape(vectors)
         if shape != (len(memories), self.embedder.dimension) or not np.isfinite(vectors).all():
             raise InvalidInputError(
@@ -203,7 +208,7 @@ class MemoryStore(Reading, Upkeep):
                 field="vectors",
             )
         with tracing.span("memory.write", {"statekeep.memory.backend": self.backend}), self._writing():
-            return self._insert(list(memories), check_vectors(self.embedder, vectors, len(memories)))
+            return self._insert(list(memories), check_vectors(self.embedder, vectors, len(memories)), parts)
 
     def supersede(
         self,
@@ -256,12 +261,13 @@ class MemoryStore(Reading, Upkeep):
         found = self._same(owner, sorted(set(idents)), now) if policy != "none" else {}
         first, fresh = _dedupe.plan(idents, found, policy)
         # outside the store's lock: other threads' searches and writes do not wait for the model
-        vectors = self._embed([inputs[i].content for i in fresh]) if fresh else _dedupe.NO_VECTORS
+        vectors, parts = self._embed_parts([inputs[i].content for i in fresh]) if fresh else _dedupe.NOTHING
         with self._writing():
             if fresh and policy != "none":
                 found |= self._stored_meanwhile(owner, sorted({idents[i] for i in fresh}), now)
-                first, fresh, vectors = _dedupe.replan(idents, found, policy, fresh, vectors)
-            stored = self._store_fresh(owner, inputs, idents, fresh, vectors, policy, now, supersedes)
+                first, fresh, vectors, parts = _dedupe.replan(idents, found, policy, fresh, vectors, parts)
+            embedded = (vectors, parts)
+            stored = self._store_fresh(owner, inputs, idents, fresh, embedded, policy, now, supersedes)
         lost = sorted({idents[i] for i in fresh if i not in stored})
         if lost:  # another writer stored them since _same looked
             found |= self._same(owner, lost, now)
@@ -284,14 +290,16 @@ class MemoryStore(Reading, Upkeep):
         inputs: list[MemoryInput],
         idents: list[str],
         fresh: list[int],
-        vectors: Vectors,
+        embedded: tuple[Vectors, Parts],
         policy: DedupeMode,
         now: datetime,
         supersedes: str | None,
     ) -> dict[int, Memory]:
-        """Store the ``fresh`` items with their ``vectors``, less those another writer stored meanwhile."""
+        """Store the ``fresh`` items with their vectors and sentence vectors (``embedded``), less those
+        another writer stored meanwhile."""
         if not fresh:
             return {}
+        vectors, parts = embedded
         ids = [new_id() for _ in fresh]
         links = self._similar(owner, vectors, ids) if policy == "similar" else [None] * len(fresh)
         memories = [
@@ -300,14 +308,14 @@ class MemoryStore(Reading, Upkeep):
         ]
         written: list[Memory | None]
         if supersedes is not None:
-            stored = self._insert_superseding(memories[0], vectors, supersedes)
+            stored = self._insert_superseding(memories[0], vectors, supersedes, parts)
             if stored is None:  # another writer superseded (or erased) it since supersede looked
                 raise _superseded(supersedes, self.get(owner, supersedes).superseded_by)
             written = [stored]
         elif policy == "none":
-            written = list(self._insert(memories, vectors))
+            written = list(self._insert(memories, vectors, parts))
         else:  # another writer may have stored one of these identities since _same looked
-            written = self._insert_unless_same(memories, vectors, now)
+            written = self._insert_unless_same(memories, vectors, now, parts)
         return {i: merged(m) for i, m in zip(fresh, written, strict=True) if m is not None}
 
     def _writing(self) -> AbstractContextManager[object]:
@@ -324,13 +332,15 @@ class MemoryStore(Reading, Upkeep):
         """Which of ``identities`` another thread stored while the write embedded (under ``_writing``)."""
         return self._same(owner, identities, now)
 
-    def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> Memory | None:
+    def _insert_superseding(
+        self, new: Memory, vectors: Vectors, old_id: str, parts: Parts | None = None
+    ) -> Memory | None:
         """Insert ``new`` and mark ``old_id`` superseded by it, under :meth:`_writing`; neither (None)
         when ``old_id`` was superseded or erased meanwhile. Transactional backends do both at once."""
         old = self._get(new.owner, old_id, new.created_at)
         if old is None or old.superseded_by is not None:
             return None
-        stored = self._insert([new], vectors)[0]
+        stored = self._insert([new], vectors, parts)[0]
         self._mark_superseded(new.owner, old_id, new.id)
         return stored
 
@@ -362,6 +372,10 @@ class MemoryStore(Reading, Upkeep):
 
     def _embed(self, texts: Sequence[str]) -> Vectors:
         return check_vectors(self.embedder, self.embedder.embed(texts), len(texts))
+
+    def _embed_parts(self, texts: Sequence[str]) -> tuple[Vectors, Parts]:
+        """The vectors of ``texts`` and of their sentences (:mod:`._sentences`), in one batch."""
+        return embed_with_sentences(self._embed, texts, self.sentence_chars)
 
     def _similar(self, owner: str, vectors: Vectors, ids: list[str]) -> list[tuple[str, float] | None]:
         """For each new vector, what it merges into (a stored or an earlier new memory) and the cosine."""

@@ -14,6 +14,7 @@ import numpy as np
 from statekeep.memory import base
 from statekeep.memory._dedupe import identity
 from statekeep.memory._exact import nearest
+from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Embedder, Vectors
 
@@ -47,6 +48,8 @@ class InMemoryMemoryStore(base.MemoryStore):
     ) -> None:
         super().__init__(embedder, **kw)
         self._rows: dict[str, dict[str, tuple[Memory, Vectors]]] = shared._rows if shared else {}
+        #: The sentence vectors of the memories that have them, by (owner, id).
+        self._parts: dict[tuple[str, str], Vectors] = shared._parts if shared else {}
         self._lock: threading.RLock = shared._lock if shared else threading.RLock()
         self._seq: itertools.count[int] = shared._seq if shared else itertools.count(1)
 
@@ -57,14 +60,30 @@ class InMemoryMemoryStore(base.MemoryStore):
         with self._lock:  # a snapshot: writers in other threads change the dict
             return list(self._rows.get(owner, {}).values())
 
-    def _insert(self, memories: list[Memory], vectors: Vectors) -> list[Memory]:
+    def _insert(self, memories: list[Memory], vectors: Vectors, parts: Parts | None = None) -> list[Memory]:
         stored = []
         with self._lock:
-            for memory, vector in zip(memories, vectors, strict=True):
+            for i, (memory, vector) in enumerate(zip(memories, vectors, strict=True)):
                 memory = dataclasses.replace(memory, seq=next(self._seq))
                 self._rows.setdefault(memory.owner, {})[memory.id] = (memory, vector.copy())
+                self._set_parts(memory.owner, memory.id, None if parts is None else parts[i])
                 stored.append(memory)
         return stored
+
+    def _set_parts(self, owner: str, memory_id: str, parts: Vectors | None) -> None:
+        if parts is None:
+            self._parts.pop((owner, memory_id), None)
+        else:
+            self._parts[(owner, memory_id)] = parts.copy()
+
+    def _vectors_of(self, owner: str, ids: list[str]) -> dict[str, tuple[Vectors, Vectors | None]]:
+        with self._lock:
+            rows = self._rows.get(owner, {})
+            return {
+                i: (rows[i][1], self._parts.get((owner, i)))
+                for i in ids
+                if i in rows and rows[i][0].model == self.embedder.name
+            }
 
     def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
         wanted = set(identities)
@@ -121,6 +140,7 @@ class InMemoryMemoryStore(base.MemoryStore):
             removed = list(owned) if ids is None else [i for i in ids if i in owned]
             for memory_id in removed:
                 del owned[memory_id]
+                self._parts.pop((owner, memory_id), None)
             if not owned:
                 self._rows.pop(owner, None)
         return removed, ["process memory"], []
@@ -132,6 +152,7 @@ class InMemoryMemoryStore(base.MemoryStore):
             ]
             for owner, memory_id in expired:
                 del self._rows[owner][memory_id]
+                self._parts.pop((owner, memory_id), None)
         return len(expired)
 
     def _all_stale(self, model: str) -> list[tuple[str, str, str]]:
@@ -148,8 +169,11 @@ class InMemoryMemoryStore(base.MemoryStore):
     def _stale(self, model: str, limit: int) -> list[tuple[str, str, str]]:
         return self._all_stale(model)[:limit]
 
-    def _set_vectors(self, model: str, keys: list[tuple[str, str]], vectors: Vectors) -> None:
+    def _set_vectors(
+        self, model: str, keys: list[tuple[str, str]], vectors: Vectors, parts: Parts | None = None
+    ) -> None:
         with self._lock:
-            for (owner, memory_id), vector in zip(keys, vectors, strict=True):
+            for i, ((owner, memory_id), vector) in enumerate(zip(keys, vectors, strict=True)):
                 memory, _ = self._rows[owner][memory_id]
                 self._rows[owner][memory_id] = (dataclasses.replace(memory, model=model), vector.copy())
+                self._set_parts(owner, memory_id, None if parts is None else parts[i])

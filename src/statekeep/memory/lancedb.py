@@ -33,13 +33,14 @@ import numpy as np
 from statekeep._check import check_int
 from statekeep._extras import requires
 from statekeep.errors import ConfigError, ErasureError, InvalidInputError
-from statekeep.memory import _bm25, _lance_layout, _lock, base
+from statekeep.memory import _bm25, _lance_layout, _lock, _sentences, base
 from statekeep.memory._exact import nearest
 from statekeep.memory._lance_files import decode_folder as decode_folder  # re-exported: erasure checks
 from statekeep.memory._lance_sql import in_list, where
 from statekeep.memory._lance_sql import quote as quote  # re-exported
 from statekeep.memory._owner_cache import OwnerCache, OwnerRows, narrows, owner_rows
 from statekeep.memory._rows import COLUMNS, from_row, to_us
+from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Embedder, Vectors
 
@@ -152,6 +153,9 @@ class LanceDBMemoryStore(base.MemoryStore):
         table = self._db.open_table(TABLE)
         if "seq" not in table.schema.names:
             table = _lance_layout.upgrade(self._db, TABLE, table)
+        if _lance_layout.SENTENCES not in table.schema.names:
+            _lance_layout.add_sentences(table)
+            table = self._db.open_table(TABLE)
         # before any erasure can run: erasure rebuilds no segment of that index, a stale one keeps tokens
         if _lance_layout.drop_old_text_index(table):
             table = self._db.open_table(TABLE)
@@ -187,15 +191,15 @@ class LanceDBMemoryStore(base.MemoryStore):
     # --- writes ---------------------------------------------------------------------------
 
     @_lock.one_at_a_time("storing memories")
-    def _insert(self, memories: list[Memory], vectors: Vectors) -> list[Memory]:
+    def _insert(self, memories: list[Memory], vectors: Vectors, parts: Parts | None = None) -> list[Memory]:
         self._writable()
         if self._dimension != vectors.shape[1]:
             self._resize(vectors.shape[1])
         # the folder lock makes this store the only writer: its counter is the table's order
         memories = [replace(m, seq=self._next_seq + i) for i, m in enumerate(memories)]
         owner = memories[0].owner
-        self._table.add(_lance_layout.arrow_rows(memories, vectors, vectors.shape[1]))
-        self._cache.update(owner, lambda rows: rows.extended(memories, vectors))
+        self._table.add(_lance_layout.arrow_rows(memories, vectors, vectors.shape[1], parts))
+        self._cache.update(owner, lambda rows: rows.extended(memories, vectors, parts))
         self._next_seq += len(memories)
         if owner in self._owner_rows:
             self._owner_rows[owner] += len(memories)
@@ -315,10 +319,36 @@ class LanceDBMemoryStore(base.MemoryStore):
         if held is not None or not self._cache.fits(self._rows_of(owner), self._dimension):
             return held
         generation = self._cache.generation
-        table = self._table.to_lance().to_table(columns=[*COLUMNS, "vector"], filter=where(owner))
+        columns = [*COLUMNS, "vector", *self._sentence_column()]
+        table = self._table.to_lance().to_table(columns=columns, filter=where(owner))
         held = owner_rows(table, self._dimension)
         self._cache.put(owner, held, generation)
         return held
+
+    def _sentence_column(self) -> list[str]:
+        """The sentence column, if the table has it (a reader of an older statekeep's table: not)."""
+        return [_lance_layout.SENTENCES] if _lance_layout.SENTENCES in self._table.schema.names else []
+
+    @_lock.one_at_a_time("searching memories")
+    def _vectors_of(self, owner: str, ids: list[str]) -> dict[str, tuple[Vectors, Vectors | None]]:
+        model = self.embedder.name
+        held = self._held(owner)
+        if held is not None:
+            rows = held.rows_of(ids)
+            return {
+                i: (held.matrix[n], held.sentences.get(i)) for i, n in rows.items() if held.models[n] == model
+            }
+        if not ids:
+            return {}
+        clause = f"{where(owner)} AND model = {quote(model)} AND {in_list('id', ids)}"
+        columns = ["id", "vector", *self._sentence_column()]
+        found = self._table.to_lance().to_table(columns=columns, filter=clause)
+        dimension = self._dimension
+        out: dict[str, tuple[Vectors, Vectors | None]] = {}
+        for row in found.to_pylist():
+            parts = _lance_layout.sentence_vectors(row.get(_lance_layout.SENTENCES), dimension)
+            out[row["id"]] = (np.asarray(row["vector"], dtype=np.float32), parts)
+        return out
 
     @_lock.one_at_a_time("looking for similar memories")
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
@@ -436,21 +466,24 @@ class LanceDBMemoryStore(base.MemoryStore):
         return [(r["owner"], r["id"], r["content"]) for r in q.limit(limit).to_list()]
 
     @_lock.one_at_a_time("storing re-embedded vectors")
-    def _set_vectors(self, model: str, keys: list[tuple[str, str]], vectors: Vectors) -> None:
+    def _set_vectors(
+        self, model: str, keys: list[tuple[str, str]], vectors: Vectors, parts: Parts | None = None
+    ) -> None:
         self._writable()
         self._cache.drop()
         if self._dimension != vectors.shape[1]:
             self._resize(vectors.shape[1])
         # ids are unique per owner only: each row is found, and matched, by its owner and id
-        by_key = {key: vectors[i] for i, key in enumerate(keys)}
+        by_key = {key: i for i, key in enumerate(keys)}
         ids: dict[str, list[str]] = {}
         for owner, mid in keys:
             ids.setdefault(owner, []).append(mid)
         clause = " OR ".join(f"({where(owner)} AND {in_list('id', mids)})" for owner, mids in ids.items())
         rows = [from_row(r) for r in self._rows(clause, list(COLUMNS))]
         updated = [Memory(**{**_fields(m), "model": model}) for m in rows]
-        stacked = np.stack([by_key[(m.owner, m.id)] for m in rows])
-        batch = _lance_layout.arrow_rows(updated, stacked, vectors.shape[1])
+        order = [by_key[(m.owner, m.id)] for m in rows]
+        stacked = vectors[order]
+        batch = _lance_layout.arrow_rows(updated, stacked, vectors.shape[1], _sentences.take(parts, order))
         self._table.merge_insert(["owner", "id"]).when_matched_update_all().execute(batch)
 
     def _resize(self, dimension: int) -> None:

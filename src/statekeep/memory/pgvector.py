@@ -42,6 +42,7 @@ from statekeep.memory import _pgsql as q
 from statekeep.memory import base
 from statekeep.memory._pg_pipeline import Pipelined, Statement
 from statekeep.memory._rows import from_row, to_row, to_us
+from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Embedder, Vectors
 
@@ -134,8 +135,8 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
 
     # --- writes ---------------------------------------------------------------------------
 
-    def _insert(self, memories: list[Memory], vectors: Vectors) -> list[Memory]:
-        return [m for m in self._write_rows(memories, vectors) if m is not None]
+    def _insert(self, memories: list[Memory], vectors: Vectors, parts: Parts | None = None) -> list[Memory]:
+        return [m for m in self._write_rows(memories, vectors, parts) if m is not None]
 
     def _writing(self) -> AbstractContextManager[object]:
         return nullcontext()  # writers of one fact take turns in the database (_insert_unless_same)
@@ -144,14 +145,15 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         return {}  # no second look: _insert_unless_same checks again in the transaction that inserts
 
     def _insert_unless_same(
-        self, memories: list[Memory], vectors: Vectors, now: datetime
+        self, memories: list[Memory], vectors: Vectors, now: datetime, parts: Parts | None = None
     ) -> list[Memory | None]:
-        return self._write_rows(memories, vectors, unless_same=now)
+        return self._write_rows(memories, vectors, parts, unless_same=now)
 
     def _write_rows(
         self,
         memories: list[Memory],
         vectors: Vectors,
+        parts: Parts | None,
         *,
         supersedes: str | None = None,
         unless_same: datetime | None = None,
@@ -160,7 +162,11 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         ``supersedes``: the one memory, only if it could mark that one superseded)."""
         self._ensure_index(self.embedder.name, vectors.shape[1])
         owner = memories[0].owner
-        rows = [{**to_row(m), "embedding": v} for m, v in zip(memories, vectors, strict=True)]
+        each = parts or [None] * len(memories)
+        rows = [
+            {**to_row(m), "embedding": v, "sentences": None if p is None else list(p)}
+            for m, v, p in zip(memories, vectors, each, strict=True)
+        ]
         statements = [Statement(q.INSERT, rows, many=True)]
         if supersedes is not None:  # one memory: inserted only if the old one is marked by it
             statements = [Statement(q.INSERT_SUPERSEDING, {**rows[0], "supersedes": supersedes})]
@@ -179,8 +185,10 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         seqs = {r["id"]: int(r["seq"]) for r in self._run(owner, statements, write=True)[seqs_at]}
         return [replace(m, seq=seqs[m.id]) if m.id in seqs else None for m in memories]
 
-    def _insert_superseding(self, new: Memory, vectors: Vectors, old_id: str) -> Memory | None:
-        return self._write_rows([new], vectors, supersedes=old_id)[0]
+    def _insert_superseding(
+        self, new: Memory, vectors: Vectors, old_id: str, parts: Parts | None = None
+    ) -> Memory | None:
+        return self._write_rows([new], vectors, parts, supersedes=old_id)[0]
 
     def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
         found: dict[str, Memory] = {}
@@ -195,15 +203,28 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
     # --- reads ----------------------------------------------------------------------------
 
     def _nearest_statement(
-        self, owner: str, vector: Vectors, n: int, filters: Filters, now: datetime, *, exact: bool
+        self,
+        owner: str,
+        vector: Vectors,
+        n: int,
+        filters: Filters,
+        now: datetime,
+        *,
+        exact: bool,
+        best: bool = False,
     ) -> Statement:
         clause, params = ps.scope_where(to_us(now), filters)
-        sql = ps.nearest_sql(self.embedder.name, vector.shape[0], clause, exact=exact)
+        sql = ps.nearest_sql(self.embedder.name, vector.shape[0], clause, exact=exact, best=best)
         return Statement(sql, {**params, "owner": owner, "q": vector, "k": n})
 
-    def _text_statement(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> Statement:
+    def _text_statement(
+        self, owner: str, query: str, k: int, filters: Filters, now: datetime, vector: Vectors | None = None
+    ) -> Statement:
+        """Full-text search; with the query's ``vector``, each row's best cosine too (``best``)."""
         clause, params = ps.scope_where(to_us(now), filters)
-        return Statement(ps.text_sql(clause), {**params, "owner": owner, "query": query, "k": k})
+        best = None if vector is None else (self.embedder.name, vector.shape[0])
+        values = {**params, "owner": owner, "query": query, "k": k}
+        return Statement(ps.text_sql(clause, best), values if vector is None else {**values, "q": vector})
 
     @staticmethod
     def _neighbours(rows: list[dict[str, Any]]) -> list[SearchResult]:
@@ -228,16 +249,29 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
     def _hybrid(
         self, owner: str, vector: Vectors, query: str, k: int, filters: Filters, now: datetime
     ) -> tuple[list[SearchResult], list[SearchResult]]:
-        """Both rankings of a hybrid search in one transaction and one round trip (two if tied at the cut)."""
+        """Both rankings of a hybrid search, each row with its best cosine, in one transaction and one
+        round trip (more if tied at the cut)."""
         exact = not self._is_big(owner)
-        near = self._nearest_statement(owner, vector, k + 1 if exact else k, filters, now, exact=exact)
-        text = self._text_statement(owner, query, k, filters, now)
+        n = k + 1 if exact else k
+        near = self._nearest_statement(owner, vector, n, filters, now, exact=exact, best=True)
+        text = self._text_statement(owner, query, k, filters, now, vector)
         near_rows, text_rows = self._run(owner, [near, text], write=False, search=True)
         hits = self._neighbours(near_rows)
         if exact:
             fetch = functools.partial(self._fetch_nearest, owner, vector, filters, now)
             hits = base.top_k(fetch, k, first=hits)
-        return hits, [SearchResult(from_row(r), float(r["rank"])) for r in text_rows]
+        texts = [SearchResult(from_row(r), float(r["rank"])) for r in text_rows]
+        best = {r["id"]: float(r["best"]) for r in (*near_rows, *text_rows) if r["best"] is not None}
+        missing = [h.memory.id for h in hits if h.memory.id not in best]  # fetched again at a tie
+        if missing:
+            best |= self._cosines(owner, vector, missing)
+        candidates = {h.memory.id: h.memory for h in (*hits, *texts)}
+        return [SearchResult(m, best[i]) for i, m in candidates.items() if i in best], texts
+
+    def _cosines(self, owner: str, vector: Vectors, ids: list[str]) -> dict[str, float]:
+        sql = ps.cosines_sql(self.embedder.name, vector.shape[0])
+        rows = self._run(owner, [Statement(sql, {"owner": owner, "q": vector, "ids": ids})], write=False)[0]
+        return {r["id"]: float(r["best"]) for r in rows if r["best"] is not None}
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         clause, params = ps.scope_where(to_us(now), None)
@@ -378,11 +412,18 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         with self.db.read() as conn:
             return [(r.owner, r.id, r.content) for r in conn.execute(sa.text(sql), {"m": model, "n": limit})]
 
-    def _set_vectors(self, model: str, keys: list[tuple[str, str]], vectors: Vectors) -> None:
+    def _set_vectors(
+        self, model: str, keys: list[tuple[str, str]], vectors: Vectors, parts: Parts | None = None
+    ) -> None:
         self._ensure_index(model, vectors.shape[1])
-        sql = f"UPDATE {q.TABLE} SET embedding = CAST(:v AS vector), model = :m WHERE owner = :o AND id = :i"
+        sql = (
+            f"UPDATE {q.TABLE} SET embedding = CAST(:v AS vector), sentences = CAST(:s AS vector[]), "
+            "model = :m WHERE owner = :o AND id = :i"
+        )
+        each = parts or [None] * len(keys)
         rows = [
-            {"v": v, "m": model, "o": o, "i": i} for (o, i), v in zip(keys, np.asarray(vectors), strict=True)
+            {"v": v, "s": None if p is None else list(p), "m": model, "o": o, "i": i}
+            for (o, i), v, p in zip(keys, np.asarray(vectors), each, strict=True)
         ]
         with self.db.begin() as conn:
             self._driver(conn)  # vectors in binary

@@ -1,0 +1,79 @@
+"""A vector per sentence of a short memory, besides the vector of its whole text.
+
+What a person tells an assistant often hides one fact in a longer message ("Can
+you suggest workout playlists? By the way, I take Zumba on Tuesdays"): the
+vector of the whole is mostly the request, and a question about the fact is far
+from it. So a memory of two or more sentences, and of at most
+``MemoryStore.sentence_chars`` characters (a long text is scored down by its
+length anyway), also keeps a vector per sentence (its first
+:data:`MAX_SENTENCES`), embedded in the same batch as the whole. Hybrid search
+scores each candidate by the best cosine of its whole vector and its sentences
+(:func:`best_cosines`); the candidates still come from the whole vectors and the
+full text, so no index holds sentences. ``bench/sentences.py`` measured it
+before it was built, and ``bench/retrieval.py`` measures the store.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from statekeep.memory.embedders import Vectors
+
+#: A memory's sentences: split after . ! ? and at line breaks.
+_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
+#: A piece of fewer words joins the sentence before it ("Yes. Thanks!" is one sentence).
+MIN_WORDS = 4
+#: Memories of at most this many characters keep sentence vectors (``MemoryStore.sentence_chars``):
+#: the length prior's pivot (:data:`._ranking.LENGTH_PIVOT`), past which memories are scored down.
+SENTENCE_CHARS = 600
+#: Sentences embedded per memory, at most (its first ones).
+MAX_SENTENCES = 16
+#: The sentence vectors of each memory of a batch (rows of unit vectors), None for a memory without.
+Parts = list[Vectors | None]
+
+
+def sentences(text: str, most: int = MAX_SENTENCES) -> list[str]:
+    """The first ``most`` sentences of a text, when it has two or more (else none)."""
+    out: list[str] = []
+    for piece in (p.strip() for p in _SPLIT.split(text)):
+        if not piece:
+            continue
+        if out and len(piece.split()) < MIN_WORDS:
+            out[-1] += " " + piece
+        else:
+            out.append(piece)
+    return out[:most] if len(out) > 1 else []
+
+
+def embed_with_sentences(
+    embed: Callable[[Sequence[str]], Vectors], texts: Sequence[str], most_chars: int
+) -> tuple[Vectors, Parts]:
+    """The vectors of ``texts`` and of the sentences of each text of at most ``most_chars``
+    characters, in one call of ``embed`` (0: no sentences)."""
+    split = [sentences(t) if len(t) <= most_chars else [] for t in texts]
+    flat = [s for ss in split for s in ss]
+    vectors = embed([*texts, *flat])
+    parts: Parts = []
+    at = len(texts)
+    for ss in split:
+        parts.append(vectors[at : at + len(ss)].copy() if ss else None)
+        at += len(ss)
+    return np.ascontiguousarray(vectors[: len(texts)]), parts
+
+
+def best_cosine(whole: Vectors, parts: Vectors | None, vector: Vectors) -> float:
+    """A memory's score against a query: the best cosine of its whole vector and its sentences'
+    (unit vectors; in float64, so that equal vectors score exactly alike)."""
+    query = vector.astype(np.float64)
+    score = float(whole.astype(np.float64) @ query)
+    if parts is None or not len(parts):
+        return score
+    return max(score, float((parts.astype(np.float64) @ query).max()))
+
+
+def take(parts: Parts | None, rows: Sequence[int]) -> Parts | None:
+    """The parts of the given rows of a batch (None stays None: a write without sentences)."""
+    return None if parts is None else [parts[i] for i in rows]

@@ -1,0 +1,172 @@
+"""A vector per sentence of a short memory: split, embedded with the memory, stored, scored, re-embedded.
+
+On every backend with the real embedder: what a store keeps is checked against the
+cosines computed here from the embedder itself, after the store is opened again.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from statekeep.memory import MemoryStore, SentenceTransformerEmbedder
+from statekeep.memory._sentences import MAX_SENTENCES, SENTENCE_CHARS, embed_with_sentences, sentences
+from statekeep.memory._types import Filters
+from statekeep.memory.embedders import normalize
+from tests.memory.conftest import StoreFactory
+
+SHORT = (
+    "Can you suggest some upbeat workout playlists for my runs? By the way, I take Zumba classes on Tuesdays."
+)
+LONG = " ".join(f"Sentence {i} of a long assistant reply about playlists and running." for i in range(14))
+QUERY = "Which dance class do I go to every week?"
+
+
+def test_a_text_is_split_after_its_sentences_and_short_pieces_join_the_one_before() -> None:
+    assert sentences("One fact is here. Another fact is there!  A third one, is it?") == [
+        "One fact is here.",
+        "Another fact is there!",
+        "A third one, is it?",
+    ]
+    assert sentences("I moved to Lisbon last spring. Yes. Thanks!") == []  # one sentence and its tail
+    assert sentences("Line one has words\nline two has words") == ["Line one has words", "line two has words"]
+    assert sentences("Just one sentence, no matter how long it is.") == []
+    many = " ".join(f"This is sentence {i} here." for i in range(40))
+    assert len(sentences(many)) == MAX_SENTENCES
+
+
+def test_sentences_are_embedded_in_the_same_call_as_the_texts_and_only_for_short_texts() -> None:
+    calls: list[list[str]] = []
+
+    def embed(texts: Any) -> npt.NDArray[np.float32]:
+        calls.append(list(texts))
+        return normalize(np.arange(1, 4 * len(texts) + 1, dtype=np.float32).reshape(-1, 4))
+
+    vectors, parts = embed_with_sentences(embed, [SHORT, LONG, "Alone."], SENTENCE_CHARS)
+    assert len(calls) == 1
+    assert calls[0][:3] == [SHORT, LONG, "Alone."]
+    assert calls[0][3:] == sentences(SHORT), "the long text and the one-sentence text have none"
+    assert vectors.shape == (3, 4)
+    assert parts[1] is None
+    assert parts[2] is None
+    assert parts[0] is not None
+    assert parts[0].shape == (2, 4)
+    np.testing.assert_array_equal(parts[0], embed(calls[0])[3:5])
+    assert embed_with_sentences(embed, [SHORT], 0)[1] == [None], "0 characters: no sentences"
+
+
+def expected(embedder: SentenceTransformerEmbedder, text: str, query: str, *, short: bool) -> float:
+    """The best cosine of the text's vector and, for a short text, its sentences' vectors with the query."""
+    texts = [text, *(sentences(text) if short else [])]
+    vectors = normalize(embedder.embed([query, *texts])).astype(np.float64)
+    return float((vectors[1:] @ vectors[0]).max())
+
+
+def cosines(store: MemoryStore, owner: str, ids: list[str], query: str) -> dict[str, float]:
+    vector = normalize(store.embedder.embed([query]))[0]
+    return store._cosines(owner, vector, ids)
+
+
+def test_a_short_memory_is_scored_by_its_best_sentence_and_a_long_one_by_its_whole_text(
+    make_store: StoreFactory, real_embedder: SentenceTransformerEmbedder
+) -> None:
+    store = make_store(real_embedder)
+    short = store.remember("alice", SHORT)
+    long = store.remember("alice", LONG)
+    assert len(LONG) > SENTENCE_CHARS >= len(SHORT)
+    whole = expected(real_embedder, SHORT, QUERY, short=False)
+    best = expected(real_embedder, SHORT, QUERY, short=True)
+    assert best > whole + 0.05, "the fact's own sentence is nearer the question than the whole message"
+    store = make_store(real_embedder)  # opened again: what was stored, not what a cache holds
+    got = cosines(store, "alice", [short.id, long.id, "no-such-id"], QUERY)
+    assert set(got) == {short.id, long.id}
+    assert got[short.id] == pytest.approx(best, abs=1e-5)
+    assert got[long.id] == pytest.approx(expected(real_embedder, LONG, QUERY, short=False), abs=1e-5)
+    assert cosines(store, "bob", [short.id], QUERY) == {}, "another owner's memory is not scored"
+
+
+def test_hybrid_search_scores_every_candidate_of_either_ranking_by_its_meaning(
+    make_store: StoreFactory, real_embedder: SentenceTransformerEmbedder
+) -> None:
+    """With one candidate of each ranking, the vector ranking holds both: the one found by its words too."""
+    store = make_store(real_embedder)
+    near = store.remember("alice", "Alice takes Zumba classes on Tuesday evenings.")
+    worded = store.remember("alice", "The weekly newsletter mentions a class schedule.")
+    query = "What dance does Alice do?"
+    vector = normalize(real_embedder.embed([query]))[0]
+    now = datetime.now(UTC)
+    assert [h.memory.id for h in store._nearest("alice", vector, 1, Filters(), now)] == [near.id]
+    ranked, text = store._hybrid("alice", vector, "weekly newsletter", 1, Filters(), now)
+    assert [h.memory.id for h in text] == [worded.id]
+    scores = {h.memory.id: h.score for h in ranked}
+    assert set(scores) == {near.id, worded.id}
+    for memory in (near, worded):
+        want = expected(real_embedder, memory.content, query, short=True)
+        assert scores[memory.id] == pytest.approx(want, abs=1e-5)
+
+
+class Renamed:
+    """The real embedder under another model name: re-embedding gives every memory new vectors."""
+
+    def __init__(self, real: SentenceTransformerEmbedder) -> None:
+        self.real, self.name, self.dimension = real, "renamed-minilm", real.dimension
+
+    def embed(self, texts: Any) -> npt.NDArray[np.float32]:
+        return self.real.embed(texts)
+
+
+def test_re_embedding_stores_the_sentence_vectors_of_the_new_model(
+    make_store: StoreFactory, real_embedder: SentenceTransformerEmbedder
+) -> None:
+    old = make_store(real_embedder)
+    short = old.remember("alice", SHORT)
+    store = make_store(Renamed(real_embedder))
+    assert cosines(store, "alice", [short.id], QUERY) == {}, "another model's vectors are never compared"
+    assert store.reembed() == 1
+    got = cosines(make_store(Renamed(real_embedder)), "alice", [short.id], QUERY)
+    assert got[short.id] == pytest.approx(expected(real_embedder, SHORT, QUERY, short=True), abs=1e-5)
+
+
+def test_a_store_without_sentences_scores_by_the_whole_text(
+    make_store: StoreFactory, real_embedder: SentenceTransformerEmbedder
+) -> None:
+    store = make_store(real_embedder)
+    store.sentence_chars = 0
+    short = store.remember("alice", SHORT)
+    got = cosines(store, "alice", [short.id], QUERY)
+    assert got[short.id] == pytest.approx(expected(real_embedder, SHORT, QUERY, short=False), abs=1e-5)
+
+
+def test_a_lancedb_folder_of_the_previous_version_gains_the_sentence_column(
+    tmp_path: Path, real_embedder: SentenceTransformerEmbedder
+) -> None:
+    """A table without the column: a reader reads it as it is; a writer adds the column, null for old rows."""
+    import lancedb
+    import pyarrow as pa
+
+    from statekeep.memory._lance_layout import SENTENCES, arrow_rows, schema
+    from statekeep.memory.lancedb import TABLE, LanceDBMemoryStore
+
+    with LanceDBMemoryStore(tmp_path / "scratch", real_embedder) as scratch:
+        memory = scratch.remember("alice", SHORT)
+    vectors = normalize(real_embedder.embed([SHORT]))
+    rows = arrow_rows([memory], vectors, real_embedder.dimension).drop_columns([SENTENCES])
+    old = pa.schema([f for f in schema(real_embedder.dimension) if f.name != SENTENCES])
+    lancedb.connect(str(tmp_path / "old")).create_table(TABLE, data=rows.cast(old))
+    whole = expected(real_embedder, SHORT, QUERY, short=False)
+    with LanceDBMemoryStore(tmp_path / "old", real_embedder, read_only=True) as reader:
+        assert cosines(reader, "alice", [memory.id], QUERY)[memory.id] == pytest.approx(whole, abs=1e-5)
+        assert [h.memory.id for h in reader.search("alice", QUERY, k=1)] == [memory.id]
+    with LanceDBMemoryStore(tmp_path / "old", real_embedder) as store:
+        assert SENTENCES in lancedb.connect(str(tmp_path / "old")).open_table(TABLE).schema.names
+        assert cosines(store, "alice", [memory.id], QUERY)[memory.id] == pytest.approx(whole, abs=1e-5)
+        again = store.remember("alice", SHORT + " ")  # the same fact: nothing new
+        assert again.id == memory.id
+        new = store.remember("bob", SHORT)
+        best = expected(real_embedder, SHORT, QUERY, short=True)
+        assert cosines(store, "bob", [new.id], QUERY)[new.id] == pytest.approx(best, abs=1e-5)
