@@ -136,9 +136,12 @@ def ingest(
 def ranked(store: MemoryStore, q: data.Question, vector: np.ndarray, mode: str, k: int) -> list[str]:
     """The memory ids a search returns, best first."""
     if mode == "rrf":
-        pool = max(4 * k, 20)
-        both = store._hybrid(q.owner, vector, q.text, pool, Filters(), store.now())
-        return [h.memory.id for h in fuse(list(both), k)]
+        pool, now = max(4 * k, 20), store.now()  # the nearest by whole vector, and the full-text ranking
+        both = [
+            store._nearest(q.owner, vector, pool, Filters(), now),
+            store._text(q.owner, q.text, pool, Filters(), now),
+        ]
+        return [h.memory.id for h in fuse(both, k)]
     return [h.memory.id for h in store.search(q.owner, q.text, k=k, mode=mode, vector=vector)]  # type: ignore[arg-type]
 
 

@@ -170,3 +170,43 @@ def test_a_lancedb_folder_of_the_previous_version_gains_the_sentence_column(
         new = store.remember("bob", SHORT)
         best = expected(real_embedder, SHORT, QUERY, short=True)
         assert cosines(store, "bob", [new.id], QUERY)[new.id] == pytest.approx(best, abs=1e-5)
+
+
+def test_a_postgres_store_of_schema_5_gains_the_sentence_column(postgres_url: str) -> None:
+    """Migration 6 adds the column: a memory written before is scored by its whole text, a new one
+    by its sentences too."""
+    import psycopg
+
+    from statekeep.db import Database, upgrade
+    from statekeep.memory import FakeEmbedder
+    from statekeep.memory import _pgsql as q
+    from statekeep.memory._dedupe import identity
+    from statekeep.memory.pgvector import PgVectorMemoryStore
+    from tests.memory.test_pgvector import libpq
+
+    db = Database(postgres_url)
+    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:5])
+    db.dispose()
+    fake = FakeEmbedder()
+    vector = "[" + ",".join(str(float(x)) for x in normalize(fake.embed([SHORT]))[0]) + "]"
+    with psycopg.connect(libpq(postgres_url)) as conn:
+        conn.execute(
+            f"INSERT INTO {q.TABLE} (owner, id, content, kind, source, trust, model, created_us, "
+            "embedding, dedupe_key) VALUES ('alice', 'm0', %s, 'semantic', 'imported', 0.5, %s, 1, "
+            "CAST(%s AS vector), %s)",
+            (SHORT, fake.name, vector, identity(SHORT, None)),
+        )
+    store = PgVectorMemoryStore(postgres_url, fake)
+    try:
+        asked = "Zumba classes on Tuesdays?"  # the fake embedder is lexical: the words of one sentence
+        query = normalize(fake.embed([asked])).astype(np.float64)[0]
+        texts = normalize(fake.embed([SHORT, *sentences(SHORT)])).astype(np.float64)
+        assert cosines(store, "alice", ["m0"], asked)["m0"] == pytest.approx(texts[0] @ query, abs=1e-5)
+        new = store.remember("bob", SHORT)
+        best = float((texts @ query).max())
+        assert best > texts[0] @ query, (
+            "a sentence is nearer the query than the whole (else this proves nothing)"
+        )
+        assert cosines(store, "bob", [new.id], asked)[new.id] == pytest.approx(best, abs=1e-5)
+    finally:
+        store.close()

@@ -56,13 +56,14 @@ class MemoryBackend(ABC):
         self, owner: str, vector: Vectors, query: str, k: int, filters: Filters, now: datetime
     ) -> tuple[list[SearchResult], list[SearchResult]]:
         """The two rankings of a hybrid search: the ``k`` nearest and the ``k`` best by full text,
-        then every one of either (of this model) scored by its best cosine (:meth:`_cosines`).
+        then every one of either (of this model) scored by its best cosine (:meth:`_cosines`; a
+        backend without it: the nearest by their whole vector only).
 
         Backends override it to do it all at once.
         """
         near, text = self._nearest(owner, vector, k, filters, now), self._text(owner, query, k, filters, now)
         candidates = {h.memory.id: h.memory for h in (*near, *text)}
-        cosines = self._cosines(owner, vector, sorted(candidates))
+        cosines = {h.memory.id: h.score for h in near} | self._cosines(owner, vector, sorted(candidates))
         return [SearchResult(candidates[i], score) for i, score in cosines.items()], text
 
     def _cosines(self, owner: str, vector: Vectors, ids: list[str]) -> dict[str, float]:
@@ -75,8 +76,9 @@ class MemoryBackend(ABC):
 
     def _vectors_of(self, owner: str, ids: list[str]) -> dict[str, tuple[Vectors, Vectors | None]]:
         """The whole vector and the sentence vectors (or None) of each of ``ids`` embedded by this
-        store's model (backends override it, or :meth:`_cosines`)."""
-        raise NotImplementedError
+        store's model. Optional (this default knows none): backends that keep vectors override it,
+        or :meth:`_cosines`."""
+        return {}
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         """The nearest current memory of ``owner`` to each vector (backends override to batch it)."""
