@@ -38,6 +38,15 @@ def test_a_text_is_split_after_its_sentences_and_short_pieces_join_the_one_befor
     assert sentences("Just one sentence, no matter how long it is.") == []
     many = " ".join(f"This is sentence {i} here." for i in range(40))
     assert len(sentences(many)) == MAX_SENTENCES
+    said = "Caroline: I went to a support group. It was powerful to hear their stories."
+    assert sentences(said) == [
+        "Caroline: I went to a support group.",
+        "Caroline: It was powerful to hear their stories.",
+    ], "who said it stays with each sentence"
+    assert sentences("See https://example.com for more. It lists every one of them.")[1].startswith("It")
+    labelled = sentences("Bob: " + many)
+    assert len(labelled) == MAX_SENTENCES
+    assert all(s.startswith("Bob: ") for s in labelled)
 
 
 def test_sentences_are_embedded_in_the_same_call_as_the_texts_and_only_for_short_texts() -> None:

@@ -8,9 +8,11 @@ from it. So a memory of two or more sentences, and of at most
 length anyway), also keeps a vector per sentence (its first
 :data:`MAX_SENTENCES`), embedded in the same batch as the whole. Hybrid search
 scores each candidate by the best cosine of its whole vector and its sentences
-(:func:`best_cosines`); the candidates still come from the whole vectors and the
-full text, so no index holds sentences. ``bench/sentences.py`` measured it
-before it was built, and ``bench/retrieval.py`` measures the store.
+(:func:`best_cosine`); the candidates still come from the whole vectors and the
+full text, so no index holds sentences. A sentence's text repeats the label its
+memory starts with ("Caroline: ..."), so that a turn of a conversation keeps its
+speaker. ``bench/sentences.py`` takes the search apart, and ``bench/retrieval.py``
+measures the store.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from statekeep.memory.embedders import Vectors
 
 #: A memory's sentences: split after . ! ? and at line breaks.
 _SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
+#: A label the text starts with ("Caroline: ...", "user: ..."): who said it, repeated on each sentence.
+_LABEL = re.compile(r"[^\s:][^:\n]{0,39}:\s")
 #: A piece of fewer words joins the sentence before it ("Yes. Thanks!" is one sentence).
 MIN_WORDS = 4
 #: Memories of at most this many characters keep sentence vectors (``MemoryStore.sentence_chars``):
@@ -36,7 +40,17 @@ Parts = list[Vectors | None]
 
 
 def sentences(text: str, most: int = MAX_SENTENCES) -> list[str]:
-    """The first ``most`` sentences of a text, when it has two or more (else none)."""
+    """The first ``most`` sentences of a text, when it has two or more (else none).
+
+    When the text starts with a label (up to 40 characters and a colon: "Caroline: ..."),
+    each sentence after the first starts with it too, so that its vector knows who said it.
+
+    Examples:
+        >>> sentences("Mel: I went hiking. The view from the top was amazing!")
+        ['Mel: I went hiking.', 'Mel: The view from the top was amazing!']
+        >>> sentences("I went hiking. Yes. Thanks!")
+        []
+    """
     out: list[str] = []
     for piece in (p.strip() for p in _SPLIT.split(text)):
         if not piece:
@@ -45,7 +59,12 @@ def sentences(text: str, most: int = MAX_SENTENCES) -> list[str]:
             out[-1] += " " + piece
         else:
             out.append(piece)
-    return out[:most] if len(out) > 1 else []
+    if len(out) < 2:
+        return []
+    label = _LABEL.match(text)
+    if label is None:
+        return out[:most]
+    return [out[0], *(label.group(0) + s for s in out[1:most])]
 
 
 def embed_with_sentences(
