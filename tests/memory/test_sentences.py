@@ -15,7 +15,13 @@ import numpy.typing as npt
 import pytest
 
 from statekeep.memory import MemoryStore, SentenceTransformerEmbedder
-from statekeep.memory._sentences import MAX_SENTENCES, SENTENCE_CHARS, embed_with_sentences, sentences
+from statekeep.memory._sentences import (
+    MAX_SENTENCES,
+    SENTENCE_CHARS,
+    best_cosines,
+    embed_with_sentences,
+    sentences,
+)
 from statekeep.memory._types import Filters
 from statekeep.memory.embedders import normalize
 from tests.memory.conftest import StoreFactory
@@ -67,6 +73,27 @@ def test_sentences_are_embedded_in_the_same_call_as_the_texts_and_only_for_short
     assert parts[0].shape == (2, 4)
     np.testing.assert_array_equal(parts[0], embed(calls[0])[3:5])
     assert embed_with_sentences(embed, [SHORT], 0)[1] == [None], "0 characters: no sentences"
+
+
+def test_each_memory_scores_its_best_cosine_and_equal_vectors_score_alike_anywhere() -> None:
+    rng = np.random.default_rng(3)
+    wholes = normalize(rng.standard_normal((6, 32)))
+    wholes[4] = wholes[1]
+    query = normalize(rng.standard_normal((1, 32)))[0]
+    near = normalize((query + 0.1 * rng.standard_normal(32))[None])
+    parts = [None, normalize(rng.standard_normal((3, 32))), near, None, None, np.zeros((0, 32), np.float32)]
+    parts[4] = parts[1]
+    got = best_cosines(wholes, parts, query)
+    q = query.astype(np.float64)
+    want = [
+        max([float(wholes[i].astype(np.float64) @ q), *(float(r.astype(np.float64) @ q) for r in p)])
+        if p is not None
+        else float(wholes[i].astype(np.float64) @ q)
+        for i, p in enumerate(parts)
+    ]
+    assert got == pytest.approx(want, abs=1e-12)
+    assert got[1] == got[4], "the same vectors in another row: exactly the same score"
+    assert got[2] > float(wholes[2].astype(np.float64) @ q), "the sentence near the query wins"
 
 
 def expected(embedder: SentenceTransformerEmbedder, text: str, query: str, *, short: bool) -> float:

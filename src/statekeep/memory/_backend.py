@@ -10,7 +10,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from datetime import datetime
 
-from statekeep.memory._sentences import Parts, best_cosine
+import numpy as np
+
+from statekeep.memory._sentences import Parts, best_cosines
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Vectors
 
@@ -68,11 +70,12 @@ class MemoryBackend(ABC):
 
     def _cosines(self, owner: str, vector: Vectors, ids: list[str]) -> dict[str, float]:
         """For each of the owner's memories ``ids`` embedded by this store's model: its best cosine
-        with ``vector``, of its whole vector's and its sentences' (:func:`._sentences.best_cosine`)."""
-        return {
-            memory_id: best_cosine(whole, parts, vector)
-            for memory_id, (whole, parts) in self._vectors_of(owner, ids).items()
-        }
+        with ``vector``, of its whole vector's and its sentences' (:func:`._sentences.best_cosines`)."""
+        found = self._vectors_of(owner, ids)
+        if not found:
+            return {}
+        wholes = np.stack([whole for whole, _ in found.values()])
+        return dict(zip(found, best_cosines(wholes, [p for _, p in found.values()], vector), strict=True))
 
     def _vectors_of(self, owner: str, ids: list[str]) -> dict[str, tuple[Vectors, Vectors | None]]:
         """The whole vector and the sentence vectors (or None) of each of ``ids`` embedded by this

@@ -8,7 +8,7 @@ from it. So a memory of two or more sentences, and of at most
 length anyway), also keeps a vector per sentence (its first
 :data:`MAX_SENTENCES`), embedded in the same batch as the whole. Hybrid search
 scores each candidate by the best cosine of its whole vector and its sentences
-(:func:`best_cosine`); the candidates still come from the whole vectors and the
+(:func:`best_cosines`); the candidates still come from the whole vectors and the
 full text, so no index holds sentences. A sentence's text repeats the label its
 memory starts with ("Caroline: ..."), so that a turn of a conversation keeps its
 speaker. ``bench/sentences.py`` takes the search apart, and ``bench/retrieval.py``
@@ -83,14 +83,20 @@ def embed_with_sentences(
     return np.ascontiguousarray(vectors[: len(texts)]), parts
 
 
-def best_cosine(whole: Vectors, parts: Vectors | None, vector: Vectors) -> float:
-    """A memory's score against a query: the best cosine of its whole vector and its sentences'
-    (unit vectors; in float64, so that equal vectors score exactly alike)."""
+def best_cosines(wholes: Vectors, parts: Sequence[Vectors | None], vector: Vectors) -> list[float]:
+    """Memories' scores against a query: the best cosine of each one's whole vector (a row of
+    ``wholes``) and its sentences' (``parts``). Unit vectors; each row summed alone in float64,
+    so that equal vectors score exactly alike wherever they are."""
     query = vector.astype(np.float64)
-    score = float(whole.astype(np.float64) @ query)
-    if parts is None or not len(parts):
-        return score
-    return max(score, float((parts.astype(np.float64) @ query).max()))
+    best = (wholes.astype(np.float64) * query).sum(axis=1)
+    held = [(i, p) for i, p in enumerate(parts) if p is not None and len(p)]
+    if held:
+        flat = np.concatenate([p for _, p in held]).astype(np.float64)
+        starts = np.cumsum([0, *(len(p) for _, p in held[:-1])])
+        each = np.maximum.reduceat((flat * query).sum(axis=1), starts)
+        rows = [i for i, _ in held]
+        best[rows] = np.maximum(best[rows], each)
+    return [float(b) for b in best]
 
 
 def take(parts: Parts | None, rows: Sequence[int]) -> Parts | None:
