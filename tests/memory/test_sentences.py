@@ -246,3 +246,17 @@ def test_a_postgres_store_of_schema_5_gains_the_sentence_column(postgres_url: st
         assert cosines(store, "bob", [new.id], asked)[new.id] == pytest.approx(best, abs=1e-5)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "600", None, float("nan")])
+def test_sentence_chars_out_of_range_is_refused_when_set(value: object) -> None:
+    from statekeep.errors import InvalidInputError
+    from statekeep.memory import FakeEmbedder, InMemoryMemoryStore
+
+    store = InMemoryMemoryStore(FakeEmbedder())
+    with pytest.raises(InvalidInputError) as refused:
+        store.sentence_chars = value  # type: ignore[assignment]
+    assert refused.value.field == "sentence_chars"
+    assert store.sentence_chars == 600  # unchanged
+    store.sentence_chars = 0
+    assert store.sentence_chars == 0

@@ -94,9 +94,22 @@ class MemoryStore(Reading, Upkeep):
     backend: ClassVar[str] = "base"
     #: How hybrid search fuses its rankings (pool, weights, session context).
     fusion: Fusion = Fusion()
-    #: Memories of at most this many characters keep a vector per sentence (:mod:`._sentences`);
-    #: 0 keeps none (written from then on: stored ones keep theirs until :meth:`reembed`).
-    sentence_chars: int = SENTENCE_CHARS
+    _sentence_chars: int = SENTENCE_CHARS
+
+    @property
+    def sentence_chars(self) -> int:
+        """Memories of at most this many characters keep a vector per sentence (:mod:`._sentences`);
+        0 keeps none. It applies to what is written from then on (stored memories keep theirs;
+        :meth:`reembed` embeds another model's memories with their sentences).
+
+        Raises:
+            InvalidInputError: set to anything but an int >= 0.
+        """
+        return self._sentence_chars
+
+    @sentence_chars.setter
+    def sentence_chars(self, value: int) -> None:
+        self._sentence_chars = _check.check_int(value, "sentence_chars", minimum=0)
 
     def __init__(
         self,
