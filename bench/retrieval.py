@@ -175,9 +175,9 @@ def evaluate(
         stands_for: dict[str, str] = {}
         for owner in sorted(owners):
             stands_for |= ingest(store, clock, ds.turns[owner])
-        clock.now = datetime(2100, 1, 1, tzinfo=UTC)
         rows: dict[str, list[tuple[str, dict[int, float]]]] = defaultdict(list)
         for q in (q for q in ds.questions if q.owner in owners):
+            clock.now = q.at  # asked at its date: "four weeks ago" is resolved from it
             gold = {stands_for[g] for g in q.gold}
             for mode in MODES:
                 rows[mode].append((q.category, recall(ranked(store, q, qvecs[q.id], mode, max(KS)), gold)))

@@ -18,7 +18,10 @@ owner). The other rows:
 * ``hybrid/before``: the fusion before sentences: vector weight 0.3, and the vector
   ranking scores only its own candidates, by their whole vector;
 * ``hybrid/union``: the vector ranking scores every candidate of either ranking (weight
-  0.5), by its whole vector only: what the fusion adds without sentences;
+  0.5), by its whole vector only: what the fusion adds without sentences (with the
+  period a query names, as the store);
+* ``hybrid/no-time``: the store's search without the period a query names
+  (:mod:`statekeep.memory._when`; ``Fusion(time_weight=0)``);
 * ``hybrid/all-sentences``: sentences for memories of any length (the write costs more);
 * ``sentences``: plain dense search by the best cosine, for comparison with ``vector``.
 
@@ -44,7 +47,7 @@ import numpy as np
 
 from bench import _datasets as data
 from bench.retrieval import KS, RESULTS, by_category, content, recall, summarize
-from statekeep.memory import Memory, Provenance, SearchResult, SentenceTransformerEmbedder, _bm25
+from statekeep.memory import Memory, Provenance, SearchResult, SentenceTransformerEmbedder, _bm25, _when
 from statekeep.memory._bm25 import TextIndex
 from statekeep.memory._dedupe import identity
 from statekeep.memory._exact import nearest
@@ -53,9 +56,19 @@ from statekeep.memory._sentences import SENTENCE_CHARS, sentences
 from statekeep.memory.embedders import normalize
 
 OUT = Path(__file__).parent / "results" / "sentences.json"
-#: The fusion before sentence vectors (its vector weight).
-BEFORE = Fusion(vector_weight=0.3)
-MODES = ("vector", "sentences", "hybrid/before", "hybrid/union", "hybrid", "hybrid/all-sentences")
+#: The fusion before sentence vectors (its vector weight) and before periods named by the query.
+BEFORE = Fusion(vector_weight=0.3, time_weight=0)
+#: The store's fusion without the period a query names.
+NO_TIME = Fusion(time_weight=0)
+MODES = (
+    "vector",
+    "sentences",
+    "hybrid/before",
+    "hybrid/union",
+    "hybrid/no-time",
+    "hybrid",
+    "hybrid/all-sentences",
+)
 
 
 @dataclass
@@ -103,24 +116,43 @@ def load_owner(turns: list[data.Turn], embedder: Any) -> Owner:
     )
 
 
-def ranked(o: Owner, query: str, vector: np.ndarray, k: int) -> dict[str, list[str]]:
-    """The ids each mode returns, best first: each ranking and cosine computed once for all modes."""
+def ranked(o: Owner, query: str, vector: np.ndarray, k: int, now: datetime) -> dict[str, list[str]]:
+    """The ids each mode returns, best first: each ranking and cosine computed once for all modes.
+
+    ``now``: the question's time, at which the period it names is resolved (:mod:`._when`).
+    """
     whole = o.matrix @ vector
     cosines = {
         "hybrid/union": whole,
         "hybrid": best_cosine(o, whole, vector, short=True),
         "hybrid/all-sentences": best_cosine(o, whole, vector, short=False),
     }
+    cosines["hybrid/no-time"] = cosines["hybrid"]
     out = {"vector": [h.memory.id for h in nearest(o.memories, o.matrix, vector, k)]}  # as the store
     out["sentences"] = [o.memories[int(i)].id for i in np.argsort(-cosines["hybrid"], kind="stable")[:k]]
     pool = max(k, Fusion().pool)  # as the store's hybrid search
     near = nearest(o.memories, o.matrix, vector, pool)
-    text = _bm25.ranked(o.words, o.memories, query, np.ones(len(o.memories), dtype=bool), pool)
+    everything = np.ones(len(o.memories), dtype=bool)
+    text = _bm25.ranked(o.words, o.memories, query, everything, pool)
     out["hybrid/before"] = [h.memory.id for h in fuse_scores(near, text, k, BEFORE)]
     candidates = {h.memory.id for h in (*near, *text)}
+    period = _when.window(query, now)
+    timed = set(candidates)
+    if period is not None:  # the memories of that period are candidates too, as the store's second search
+        since, until = period
+        during = np.array([since <= m.created_at < until for m in o.memories], dtype=bool)
+        if during.any():
+            more = (
+                *nearest(o.memories, o.matrix, vector, pool, during),
+                *_bm25.ranked(o.words, o.memories, query, during, pool),
+            )
+            timed |= {h.memory.id for h in more}
     for mode, cosine in cosines.items():  # every candidate of either ranking, by its cosine
-        scored = [SearchResult(m, float(cosine[i])) for i, m in enumerate(o.memories) if m.id in candidates]
-        out[mode] = [h.memory.id for h in fuse_scores(scored, text, k, Fusion())]
+        untimed = mode == "hybrid/no-time"
+        fusion = NO_TIME if untimed else Fusion()
+        ids = candidates if untimed else timed
+        scored = [SearchResult(m, float(cosine[i])) for i, m in enumerate(o.memories) if m.id in ids]
+        out[mode] = [h.memory.id for h in fuse_scores(scored, text, k, fusion, None if untimed else period)]
     return out
 
 
@@ -142,7 +174,7 @@ def evaluate(
         embedder.save()
         for q in (q for q in ds.questions if q.owner == name):
             gold = {o.memories[o.stands_for[g]].id for g in q.gold}
-            for mode, found in ranked(o, q.text, qvecs[q.id], max(KS)).items():
+            for mode, found in ranked(o, q.text, qvecs[q.id], max(KS), q.at).items():
                 rows[mode].append((q.category, recall(found, gold)))
     return {mode: summarize(rows[mode]) for mode in MODES}
 

@@ -19,7 +19,9 @@ answers. Last, a long memory (more than ``LENGTH_PIVOT`` characters) is scored
 down by ``1 + LENGTH_WEIGHT * ln(length / LENGTH_PIVOT)``: a long text (such as
 a chat assistant's reply) shares words and topic with many queries, while what
 a person stated is mostly short; it still lends its whole match to its
-neighbours, since context is added before. The constants were chosen on the
+neighbours, since context is added before. When the query names a period ("four
+weeks ago", "in June": :mod:`._when`), the memories written in it are candidates
+too, and their score is multiplied by ``1 + TIME_WEIGHT``. The constants were chosen on the
 development split of ``bench/retrieval.py`` and are reported on its held-out split.
 """
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from statekeep._check import MAX_INT, check_int, check_number
 from statekeep.memory._types import Memory, SearchResult
@@ -46,6 +49,9 @@ CONTEXT_SPAN = 1
 LENGTH_PIVOT = 600
 #: How much: a fused score is divided by ``1 + LENGTH_WEIGHT * ln(length / LENGTH_PIVOT)``.
 LENGTH_WEIGHT = 1.0
+#: A memory written in the period the query names (:mod:`._when`: "four weeks ago") has its fused
+#: score multiplied by ``1 + TIME_WEIGHT``; 0 reads no period from the query.
+TIME_WEIGHT = 2.0
 #: Bounds of :class:`Fusion`'s knobs: candidates (and neighbours) per search, and a weight.
 MAX_POOL = 10_000
 MAX_WEIGHT = 100.0
@@ -65,13 +71,19 @@ class Fusion:
     context_span: int = CONTEXT_SPAN
     length_pivot: int = LENGTH_PIVOT
     length_weight: float = LENGTH_WEIGHT
+    time_weight: float = TIME_WEIGHT
 
     def __post_init__(self) -> None:
         """Raises InvalidInputError for a knob out of range (a pivot of 0 would divide by zero at search)."""
         ints = {"pool": (1, MAX_POOL), "context_span": (0, MAX_POOL), "length_pivot": (1, MAX_INT)}
         for name, (low, high) in ints.items():
             object.__setattr__(self, name, check_int(getattr(self, name), name, minimum=low, maximum=high))
-        weights = {"vector_weight": 1.0, "context_weight": MAX_WEIGHT, "length_weight": MAX_WEIGHT}
+        weights = {
+            "vector_weight": 1.0,
+            "context_weight": MAX_WEIGHT,
+            "length_weight": MAX_WEIGHT,
+            "time_weight": MAX_WEIGHT,
+        }
         for name, most in weights.items():
             object.__setattr__(self, name, check_number(getattr(self, name), name, maximum=most))
 
@@ -125,12 +137,17 @@ def normalized(ranking: Sequence[SearchResult]) -> dict[str, float]:
 
 
 def fuse_scores(
-    vector: Sequence[SearchResult], text: Sequence[SearchResult], k: int, fusion: Fusion = Fusion()
+    vector: Sequence[SearchResult],
+    text: Sequence[SearchResult],
+    k: int,
+    fusion: Fusion = Fusion(),
+    window: tuple[datetime, datetime] | None = None,
 ) -> list[SearchResult]:
-    """Score-aware fusion of a vector and a full-text ranking, with session context and a
-    length prior; the top ``k``.
+    """Score-aware fusion of a vector and a full-text ranking, with session context, a
+    length prior and the period the query names (``window``, ``[since, until)``); the top ``k``.
 
-    Scores are in [0, 1 + ``context_weight``]; ties are broken by :func:`rank_key`.
+    Scores are in [0, (1 + ``context_weight``) * (1 + ``time_weight``)]; ties are broken by
+    :func:`rank_key`.
     """
     memories = {h.memory.id: h.memory for h in (*text, *vector)}
     v, t = normalized(vector), normalized(text)
@@ -143,6 +160,10 @@ def fuse_scores(
             i: score / length_penalty(len(memories[i].content), fusion.length_pivot, fusion.length_weight)
             for i, score in fused.items()
         }
+    if window is not None and fusion.time_weight > 0:
+        since, until = window
+        boost = 1 + fusion.time_weight
+        fused = {i: s * boost if since <= memories[i].created_at < until else s for i, s in fused.items()}
     hits = [SearchResult(memories[i], score) for i, score in fused.items()]
     return sorted(hits, key=rank_key)[:k]
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from abc import abstractmethod
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import ClassVar
 
 from statekeep import _check, tracing
 from statekeep.errors import InvalidInputError, MemoryNotFoundError
-from statekeep.memory import _types
+from statekeep.memory import _types, _when
 from statekeep.memory._backend import MemoryBackend
 from statekeep.memory._ranking import Fusion, fuse_scores
 from statekeep.memory._types import (
@@ -110,11 +111,27 @@ class Reading(MemoryBackend):
             elif mode == "vector":
                 hits = self._nearest(owner, self._query_vector(query, vector), k, filters, now)
             else:
-                vec = self._query_vector(query, vector)
-                pool = max(k, self.fusion.pool)
-                hits = fuse_scores(*self._hybrid(owner, vec, query, pool, filters, now), k, self.fusion)
+                hits = self._hybrid_search(owner, query, self._query_vector(query, vector), k, filters, now)
             span.set_attribute("statekeep.memory.results", len(hits))
             return hits
+
+    def _hybrid_search(
+        self, owner: str, query: str, vec: Vectors, k: int, filters: _types.Filters, now: datetime
+    ) -> list[SearchResult]:
+        """Both rankings fused; when the query names a period (:mod:`._when`), the memories written
+        in it are candidates too (a second pair of rankings, narrowed to it), and scored up."""
+        pool = max(k, self.fusion.pool)
+        near, text = self._hybrid(owner, vec, query, pool, filters, now)
+        period = _when.window(query, now) if self.fusion.time_weight > 0 else None
+        if period is not None:
+            since = max(period[0], filters.since or period[0])
+            until = min(period[1], filters.until or period[1])
+            if since < until:
+                during = replace(filters, since=since, until=until)
+                more, _ = self._hybrid(owner, vec, query, pool, during, now)
+                held = {h.memory.id for h in near}
+                near = [*near, *(h for h in more if h.memory.id not in held)]
+        return fuse_scores(near, text, k, self.fusion, period)
 
     def _query_vector(self, query: str, vector: Sequence[float] | None) -> Vectors:
         if vector is None:
