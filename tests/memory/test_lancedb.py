@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statekeep.errors import ConfigError, MemoryLockedError
-from statekeep.memory import FakeEmbedder, SearchMode, SentenceTransformerEmbedder
+from statekeep.memory import FakeEmbedder, Memory, Provenance, SearchMode, SentenceTransformerEmbedder
 from statekeep.memory._owner_cache import OWNER_BYTES, OwnerCache, held_rows
 from statekeep.memory.lancedb import LanceDBMemoryStore, decode_folder, quote
 
@@ -394,8 +394,32 @@ def test_reembedding_leaves_each_owner_their_own_memory_when_two_share_an_id(tmp
 def test_owners_of_no_memories_count_against_the_cache_budget() -> None:
     """Every owner held costs something: an empty owner is not held without limit (nor at all with 0)."""
     empty = held_rows([], np.zeros((0, 8), dtype=np.float32))
-    assert not OwnerCache(0).fits(0, 8)
+    assert not OwnerCache(0).fits("o", 0, 8)
     cache = OwnerCache(3 * OWNER_BYTES)
     for n in range(10):
         cache.put(f"owner-{n}", empty, cache.generation)
     assert sum(cache.get(f"owner-{n}") is not None for n in range(10)) == 3
+
+
+def test_an_owner_found_too_big_to_hold_is_not_read_whole_again() -> None:
+    """The estimate counts no sentence vectors: an owner that fits it but not the budget, once read,
+    is not read whole again by every lookup of the next searches, until it has fewer memories."""
+    dimension = 8
+    memories = [
+        Memory(
+            id=f"m{n}", owner="o", content=f"memory {n}", kind="episodic", tags=(), metadata={},
+            provenance=Provenance("imported"), model="test", created_at=datetime(2026, 1, 1, tzinfo=UTC),
+            seq=n,
+        )
+        for n in range(20)
+    ]  # fmt: skip
+    sentences = {m.id: np.ones((16, dimension), dtype=np.float32) for m in memories}
+    rows = held_rows(memories, np.ones((20, dimension), dtype=np.float32), sentences)
+    cache = OwnerCache(rows.nbytes - 1)
+    assert cache.fits("o", 20, dimension)  # the estimate, without the sentences
+    cache.put("o", rows, cache.generation)
+    assert cache.get("o") is None
+    assert not cache.fits("o", 20, dimension)
+    assert not cache.fits("o", 21, dimension)
+    assert cache.fits("o", 19, dimension)  # some were erased: it may fit now
+    assert cache.fits("p", 20, dimension)  # another owner is not affected

@@ -141,6 +141,9 @@ class OwnerCache:
         self._lock = threading.Lock()
         #: Bumped by every drop: rows read before a drop are never put after it.
         self.generation = 0
+        #: Owners read and found too big to hold (sentence vectors are not in :meth:`fits`'s
+        #: estimate): how many memories they had, so that they are not read whole again.
+        self._too_big: dict[str, int] = {}
 
     def get(self, owner: str) -> OwnerRows | None:
         """The owner's rows if held (and now the most recently used)."""
@@ -150,14 +153,19 @@ class OwnerCache:
                 self._held.move_to_end(owner)
             return rows
 
-    def fits(self, rows: int, dimension: int) -> bool:
-        """Whether an owner of ``rows`` memories could be held at all."""
+    def fits(self, owner: str, rows: int, dimension: int) -> bool:
+        """Whether ``owner``, of ``rows`` memories, could be held (not once found too big with as many)."""
+        with self._lock:
+            if rows >= self._too_big.get(owner, rows + 1):
+                return False
         return OWNER_BYTES + rows * (4 * dimension + ROW_BYTES) <= self.budget
 
     def put(self, owner: str, rows: OwnerRows, generation: int) -> None:
         """Hold ``rows`` read at ``generation``, unless a write dropped owners since; within the budget."""
         with self._lock:
             self._forget(owner)
+            if rows.nbytes > self.budget:
+                self._too_big[owner] = len(rows.memories)
             if generation != self.generation or rows.nbytes > self.budget:
                 return
             self._held[owner] = rows

@@ -316,7 +316,7 @@ class LanceDBMemoryStore(base.MemoryStore):
         if self.read_only:
             self._latest()
         held = self._cache.get(owner)
-        if held is not None or not self._cache.fits(self._rows_of(owner), self._dimension):
+        if held is not None or not self._cache.fits(owner, self._rows_of(owner), self._dimension):
             return held
         generation = self._cache.generation
         columns = [*COLUMNS, "vector", *self._sentence_column()]
