@@ -6,6 +6,7 @@ cosines computed here from the embedder itself, after the store is opened again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -260,3 +261,30 @@ def test_sentence_chars_out_of_range_is_refused_when_set(value: object) -> None:
     assert store.sentence_chars == 600  # unchanged
     store.sentence_chars = 0
     assert store.sentence_chars == 0
+
+
+def test_a_few_memories_are_embedded_a_few_texts_a_call_however_many_sentences() -> None:
+    """One ``remember`` of a memory of 12 sentences makes calls of at most FEW texts (the default
+    embedder runs them in numpy, without loading torch), with the same vectors as one call."""
+    from statekeep.memory import FakeEmbedder
+    from statekeep.memory._sentences import embed_with_sentences
+    from statekeep.memory.embedders import FEW
+
+    embedder = FakeEmbedder()
+    calls: list[int] = []
+
+    def embed(texts: Sequence[str]) -> np.ndarray:
+        calls.append(len(texts))
+        return embedder.embed(list(texts))
+
+    text = " ".join(f"I walked to the lake number {n} today." for n in range(12))
+    wholes, parts = embed_with_sentences(embed, [text], 600)
+    assert calls == [FEW, 13 - FEW]
+    one_call_whole, one_call_parts = embed_with_sentences(embedder.embed, [text], 600)
+    assert np.array_equal(wholes, one_call_whole)
+    assert parts[0] is not None
+    assert one_call_parts[0] is not None
+    assert np.array_equal(parts[0], one_call_parts[0])
+    calls.clear()
+    embed_with_sentences(embed, [text] * (FEW + 1), 600)  # a batch: one call, as before
+    assert calls == [(FEW + 1) * 13]

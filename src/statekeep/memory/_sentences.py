@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from statekeep.memory.embedders import Vectors
+from statekeep.memory.embedders import FEW, Vectors
 
 #: A memory's sentences: split after . ! ? and at line breaks.
 _SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -71,10 +71,16 @@ def embed_with_sentences(
     embed: Callable[[Sequence[str]], Vectors], texts: Sequence[str], most_chars: int
 ) -> tuple[Vectors, Parts]:
     """The vectors of ``texts`` and of the sentences of each text of at most ``most_chars``
-    characters, in one call of ``embed`` (0: no sentences)."""
+    characters (0: no sentences), in one call of ``embed``; for at most :data:`.embedders.FEW`
+    memories, in calls of at most that many texts, which the default embedder runs in numpy
+    (one ``remember`` never loads torch, however many sentences its memory has)."""
     split = [sentences(t) if len(t) <= most_chars else [] for t in texts]
     flat = [s for ss in split for s in ss]
-    vectors = embed([*texts, *flat])
+    everything = [*texts, *flat]
+    if len(texts) <= FEW < len(everything):  # a few memories: FEW texts a call, in numpy, never torch
+        vectors = np.concatenate([embed(everything[i : i + FEW]) for i in range(0, len(everything), FEW)])
+    else:
+        vectors = embed(everything)
     parts: Parts = []
     at = len(texts)
     for ss in split:
