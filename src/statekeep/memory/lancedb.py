@@ -32,10 +32,12 @@ import numpy as np
 
 from statekeep._check import check_int
 from statekeep._extras import requires
-from statekeep.errors import ConfigError, ErasureError, InvalidInputError
-from statekeep.memory import _bm25, _lance_layout, _lock, _sentences, base
+from statekeep.errors import ConfigError, InvalidInputError
+from statekeep.memory import _bm25, _lance_layout, _lock, base
 from statekeep.memory._exact import nearest
 from statekeep.memory._lance_files import decode_folder as decode_folder  # re-exported: erasure checks
+from statekeep.memory._lance_rewrites import TABLE as TABLE  # re-exported
+from statekeep.memory._lance_rewrites import Rewrites
 from statekeep.memory._lance_sql import in_list, where
 from statekeep.memory._lance_sql import quote as quote  # re-exported
 from statekeep.memory._owner_cache import OwnerCache, OwnerRows, narrows, owner_rows
@@ -44,11 +46,8 @@ from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Embedder, Vectors
 
-TABLE = "memories"
-NOT_REACHED = ("copies of the folder made outside statekeep (backups, snapshots, synced or copied folders)",)
 
-
-class LanceDBMemoryStore(base.MemoryStore):
+class LanceDBMemoryStore(Rewrites, base.MemoryStore):
     """Memories in a LanceDB folder: zero servers; one machine, one writer.
 
     The folder is locked while the store is open; a second writer (another
@@ -398,107 +397,3 @@ class LanceDBMemoryStore(base.MemoryStore):
     def _list(self, owner: str, now: datetime) -> list[Memory]:
         clause = f"{where(owner)} AND (expires_us IS NULL OR expires_us > {to_us(now)})"
         return [from_row(r) for r in self._rows(clause, list(COLUMNS))]
-
-    # --- erasure --------------------------------------------------------------------------
-
-    @_lock.one_at_a_time("erasing memories")
-    def _erase(self, owner: str, ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
-        self._writable()
-        clause = where(owner) if ids is None else f"{where(owner)} AND {in_list('id', ids)}"
-        dataset = self._dataset()
-        removed = dataset.to_table(columns=["id"], filter=clause).column("id").to_pylist()
-        self._cache.drop(owner)
-        if removed:
-            dataset.delete(clause)
-        self._rewrite(owner, dataset)  # always: it also finishes an erasure that stopped after its delete
-        return removed, self._locations(), list(NOT_REACHED)
-
-    def _dataset(self) -> Any:
-        """The table as a Lance dataset of its own: without the table's index cache, an erasure is
-        faster (about a third, measured); :meth:`_rewrite` reopens the table after writing through it."""
-        import lance
-
-        return lance.dataset(str(self.path / f"{TABLE}.lance"))
-
-    def _locations(self) -> list[str]:
-        root = self.path / f"{TABLE}.lance"
-        return [
-            f"{root / 'data'}: every data file that held a deleted row was rewritten",
-            f"{root / '_indices'}: the owner index segments of those files remapped past the deleted rows",
-            f"{root / '_versions'}: every older version deleted",
-        ]
-
-    def _rewrite(self, owner: str, dataset: Any = None) -> None:
-        """Rewrite the files holding deleted rows (remapping their index segments), drop every old version."""
-        step = "compaction"
-        try:
-            dataset = self._dataset() if dataset is None else dataset
-            _lance_layout.erase(dataset)
-            step = "cleanup of old versions"
-            dataset.cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
-        except (OSError, RuntimeError, ValueError) as exc:
-            raise ErasureError(owner, step, str(exc)) from exc
-        finally:  # the table object does not see versions written through the dataset
-            self._reopen()
-            self._owner_rows.clear()
-        self._indexed = self._indexed and self._has_vector_index()  # a rewrite never adds one
-
-    @_lock.one_at_a_time("erasing expired memories")
-    def _purge(self, now: datetime) -> int:
-        self._writable()
-        clause = f"expires_us IS NOT NULL AND expires_us <= {to_us(now)}"
-        count = int(self._table.count_rows(clause))
-        if count:
-            self._cache.drop()
-            self._table.delete(clause)
-            self._rewrite("(expired)")
-        return count
-
-    # --- re-embedding ---------------------------------------------------------------------
-
-    @_lock.one_at_a_time("counting memories to re-embed")
-    def _count_stale(self, model: str) -> int:
-        return int(self._table.count_rows(f"model != {quote(model)}"))
-
-    @_lock.one_at_a_time("reading memories to re-embed")
-    def _stale(self, model: str, limit: int) -> list[tuple[str, str, str]]:
-        q = self._table.search().where(f"model != {quote(model)}").select(["owner", "id", "content"])
-        return [(r["owner"], r["id"], r["content"]) for r in q.limit(limit).to_list()]
-
-    @_lock.one_at_a_time("storing re-embedded vectors")
-    def _set_vectors(
-        self, model: str, keys: list[tuple[str, str]], vectors: Vectors, parts: Parts | None = None
-    ) -> None:
-        self._writable()
-        self._cache.drop()
-        if self._dimension != vectors.shape[1]:
-            self._resize(vectors.shape[1])
-        # ids are unique per owner only: each row is found, and matched, by its owner and id
-        by_key = {key: i for i, key in enumerate(keys)}
-        ids: dict[str, list[str]] = {}
-        for owner, mid in keys:
-            ids.setdefault(owner, []).append(mid)
-        clause = " OR ".join(f"({where(owner)} AND {in_list('id', mids)})" for owner, mids in ids.items())
-        rows = [from_row(r) for r in self._rows(clause, list(COLUMNS))]
-        updated = [Memory(**{**_fields(m), "model": model}) for m in rows]
-        order = [by_key[(m.owner, m.id)] for m in rows]
-        stacked = vectors[order]
-        batch = _lance_layout.arrow_rows(updated, stacked, vectors.shape[1], _sentences.take(parts, order))
-        self._table.merge_insert(["owner", "id"]).when_matched_update_all().execute(batch)
-
-    def _resize(self, dimension: int) -> None:
-        """Rewrite the table for vectors of another length; every memory becomes stale ('' model)."""
-        rows = [from_row(r) for r in self._rows("true", list(COLUMNS))]
-        stale = [Memory(**{**_fields(m), "model": ""}) for m in rows]
-        data = _lance_layout.arrow_rows(stale, np.zeros((len(stale), dimension), dtype=np.float32), dimension)
-        self._table = self._db.create_table(
-            TABLE, data=data, schema=_lance_layout.schema(dimension), mode="overwrite"
-        )
-        self._cache.drop()
-        self._dim = dimension
-        self._indexed = False
-        self._table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
-
-
-def _fields(memory: Memory) -> dict[str, Any]:
-    return {name: getattr(memory, name) for name in Memory.__dataclass_fields__}
