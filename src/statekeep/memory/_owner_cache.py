@@ -64,9 +64,9 @@ class OwnerRows:
         """The row of each of ``ids`` held (in ``memories`` and ``matrix``)."""
         return {i: self._row[i] for i in ids if i in self._row}
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
-        """About how much memory this takes."""
+        """About how much memory this takes (counted once: the cache asks at every write of the owner)."""
         parts = sum(int(p.nbytes) for p in self.sentences.values())
         return OWNER_BYTES + int(self.matrix.nbytes) + parts + ROW_BYTES * len(self.memories)
 
@@ -166,7 +166,8 @@ class OwnerCache:
             self._forget(owner)
             if rows.nbytes > self.budget:
                 self._too_big[owner] = len(rows.memories)
-            if generation != self.generation or rows.nbytes > self.budget:
+                return
+            if generation != self.generation:
                 return
             self._held[owner] = rows
             self._size += rows.nbytes

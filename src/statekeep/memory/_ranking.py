@@ -160,7 +160,7 @@ def fuse_scores(
             i: score / length_penalty(len(memories[i].content), fusion.length_pivot, fusion.length_weight)
             for i, score in fused.items()
         }
-    if window is not None and fusion.time_weight > 0:
+    if window is not None:  # a weight of 0 multiplies by 1
         since, until = window
         boost = 1 + fusion.time_weight
         fused = {i: s * boost if since <= memories[i].created_at < until else s for i, s in fused.items()}

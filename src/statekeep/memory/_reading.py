@@ -129,8 +129,8 @@ class Reading(MemoryBackend):
             if since < until:
                 during = replace(filters, since=since, until=until)
                 more, _ = self._hybrid(owner, vec, query, pool, during, now)
-                held = {h.memory.id for h in near}
-                near = [*near, *(h for h in more if h.memory.id not in held)]
+                seen = {h.memory.id for h in near}
+                near = [*near, *(h for h in more if h.memory.id not in seen)]
         return fuse_scores(near, text, k, self.fusion, period)
 
     def _query_vector(self, query: str, vector: Sequence[float] | None) -> Vectors:
