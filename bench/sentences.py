@@ -56,8 +56,9 @@ from statekeep.memory._sentences import SENTENCE_CHARS, sentences
 from statekeep.memory.embedders import normalize
 
 OUT = Path(__file__).parent / "results" / "sentences.json"
-#: The fusion before sentence vectors (its vector weight) and before periods named by the query.
-BEFORE = Fusion(vector_weight=0.3, time_weight=0)
+#: The fusion before sentence vectors (its vector weight), before periods named by the query and
+#: before the agent's words were weighed down (with the neighbour share of then).
+BEFORE = Fusion(vector_weight=0.3, time_weight=0, context_weight=0.4, assistant_weight=1)
 #: The store's fusion without the period a query names.
 NO_TIME = Fusion(time_weight=0)
 MODES = (
@@ -96,7 +97,7 @@ def load_owner(turns: list[data.Turn], embedder: Any) -> Owner:
             memories.append(
                 Memory(
                     id=t.id, owner=t.owner, content=content(t), kind="episodic", tags=(),
-                    metadata={}, provenance=Provenance("imported", session_id=t.session),
+                    metadata={"speaker": t.speaker}, provenance=Provenance("imported", session_id=t.session),
                     model=embedder.name, created_at=t.at, seq=len(memories) + 1,
                 )
             )  # fmt: skip
@@ -152,7 +153,8 @@ def ranked(o: Owner, query: str, vector: np.ndarray, k: int, now: datetime) -> d
         fusion = NO_TIME if untimed else Fusion()
         ids = candidates if untimed else timed
         scored = [SearchResult(m, float(cosine[i])) for i, m in enumerate(o.memories) if m.id in ids]
-        out[mode] = [h.memory.id for h in fuse_scores(scored, text, k, fusion, None if untimed else period)]
+        hits = fuse_scores(scored, text, k, fusion, None if untimed else period, query)
+        out[mode] = [h.memory.id for h in hits]
     return out
 
 

@@ -17,14 +17,14 @@ from .conftest import StoreFactory
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def memory(n: int, content: str, session: str | None = None) -> Memory:
+def memory(n: int, content: str, session: str | None = None, speaker: object = None) -> Memory:
     return Memory(
         id=f"m{n}",
         owner="o",
         content=content,
         kind="episodic",
         tags=(),
-        metadata={},
+        metadata={} if speaker is None else {"speaker": speaker},
         provenance=Provenance("imported", session_id=session),
         model="test",
         created_at=NOW,
@@ -54,6 +54,8 @@ def test_the_penalty_is_one_up_to_the_pivot_then_grows_with_the_log_of_the_lengt
         ("vector_weight", 1.5),
         ("context_weight", math.nan),
         ("pool", "30"),
+        ("assistant_weight", 1.5),  # it may only weigh the agent's words down
+        ("assistant_weight", -0.1),
     ],
 )
 def test_a_fusion_knob_out_of_range_is_refused_when_the_fusion_is_made(knob: str, value: object) -> None:
@@ -85,6 +87,55 @@ def test_a_long_memory_lends_its_whole_match_to_its_session_neighbour() -> None:
     assert hits["m1"] == pytest.approx(fusion.context_weight * 1.0)  # its own score is 0 after min-max
     assert hits["m2"] == pytest.approx(1 / length_penalty(6000, LENGTH_PIVOT, 1))  # its neighbour's is 0
     assert all(0 <= s <= 1 + fusion.context_weight for s in hits.values())
+
+
+def test_the_agents_own_words_weigh_less_unless_the_query_addresses_it() -> None:
+    """Two memories as well matched: the user's statement and the agent's reply. A question about the
+    person puts the statement first and multiplies the reply's score by the weight; a question that
+    says "you" leaves both as they were; a speaker that is not the assistant (or not a string) counts
+    as the user's."""
+    reply = memory(1, "a: same words", speaker="Assistant")
+    said, odd = memory(2, "b: same words", speaker="user"), memory(3, "c: same words", speaker=7)
+    other = memory(4, "unrelated", speaker="user")
+    vector = [SearchResult(m, 0.8) for m in (reply, said, odd)] + [SearchResult(other, 0.1)]
+    text = [SearchResult(m, 4.0) for m in (reply, said, odd)] + [SearchResult(other, 1.0)]
+    fusion = Fusion(context_weight=0, length_weight=0)
+    about_me = fuse_scores(vector, text, 4, fusion, query="What did I buy?")
+    assert [h.memory.id for h in about_me] == ["m2", "m3", "m1", "m4"]
+    assert about_me[2].score == pytest.approx(fusion.assistant_weight * about_me[0].score)
+    to_you = fuse_scores(vector, text, 4, fusion, query="What did YOU suggest I buy?")
+    assert [h.memory.id for h in to_you] == ["m1", "m2", "m3", "m4"]  # tied: by content
+    assert to_you[0].score == pytest.approx(about_me[0].score)
+    off = fuse_scores(vector, text, 4, Fusion(context_weight=0, length_weight=0, assistant_weight=1))
+    assert [h.memory.id for h in off] == ["m1", "m2", "m3", "m4"]
+
+
+@pytest.mark.parametrize("make_store", ["lancedb", "pgvector"], indirect=True)
+def test_the_agents_words_are_told_by_the_speaker_in_metadata_on_every_backend(
+    make_store: StoreFactory,
+) -> None:
+    """With the real embedder and each backend's full text: the agent's reply repeats the user's
+    words and ranks first, well ahead; a weight of 0.3 puts the user's statement first for a question
+    about them (the reply's score is multiplied by it), and a question to the agent ("did you") still
+    finds the reply first."""
+    store = make_store()
+    said = "user: I adopted a rescue greyhound called Biscuit last spring."
+    reply = "assistant: Congratulations on adopting Biscuit, your rescue greyhound!"
+    filler = [f"user: Day {n} of my pottery course: bowl number {n}." for n in range(20)]
+    items = [MemoryInput(t, metadata={"speaker": "user"}) for t in [*filler, said]]
+    items.append(MemoryInput(reply, metadata={"speaker": "assistant"}))
+    store.remember_many("u", items)
+    about_me = "Which rescue greyhound did I adopt?"
+    to_you = "Which rescue greyhound did you congratulate me on?"
+    store.fusion = Fusion(assistant_weight=1)
+    plain = store.search("u", about_me, k=2)
+    assert [h.memory.content for h in plain] == [reply, said]
+    store.fusion = Fusion(assistant_weight=0.3)
+    weighed = store.search("u", about_me, k=2)
+    assert [h.memory.content for h in weighed] == [said, reply]
+    assert weighed[1].score == pytest.approx(0.3 * plain[0].score)
+    assert weighed[0].score == pytest.approx(plain[1].score)
+    assert store.search("u", to_you, k=1)[0].memory.content == reply
 
 
 REPLY = (

@@ -4,30 +4,32 @@ Ranking is deterministic: results are ordered by score, then content (by code
 point), then write order (``seq``), so the same data and query give the same
 results on every run and every backend whose scores agree.
 
-Hybrid search fuses the vector and the full-text ranking by their scores, not
-only their ranks. Its candidates are the ``POOL`` nearest by vector and the
-``POOL`` best by full text, whatever ``k``; the vector ranking scores every one
-of them (of the store's model) by its best cosine, of its whole vector's and
-its sentences' (:mod:`._sentences`), so a memory found by its words is also
-weighed by its meaning. Each ranking's scores are min-max normalised over its
-candidates, then averaged with weights (``VECTOR_WEIGHT``, ``1 - VECTOR_WEIGHT``),
-so a memory far ahead in one ranking stays ahead of memories mediocre in both. Then each memory takes a share
-(``CONTEXT_WEIGHT``) of the best fused score of its neighbours: the memories
-written just before and after it in the same session (``provenance.session_id``),
-so a short answer ("Yes, last Saturday!") is found through the question it
-answers. Last, a long memory (more than ``LENGTH_PIVOT`` characters) is scored
-down by ``1 + LENGTH_WEIGHT * ln(length / LENGTH_PIVOT)``: a long text (such as
-a chat assistant's reply) shares words and topic with many queries, while what
-a person stated is mostly short; it still lends its whole match to its
-neighbours, since context is added before. When the query names a period ("four
-weeks ago", "in June": :mod:`._when`), the memories written in it are candidates
-too, and their score is multiplied by ``1 + TIME_WEIGHT``. The constants were chosen on the
-development split of ``bench/retrieval.py`` and are reported on its held-out split.
+Hybrid search fuses the vector and the full-text ranking by their scores, not only their
+ranks. Its candidates are the ``POOL`` nearest by vector and the ``POOL`` best by full
+text, whatever ``k``; the vector ranking scores every one of them (of the store's model)
+by its best cosine, of its whole vector's and its sentences' (:mod:`._sentences`), so a
+memory found by its words is also weighed by its meaning. Each ranking's scores are
+min-max normalised over its candidates, then averaged with weights (``VECTOR_WEIGHT``,
+``1 - VECTOR_WEIGHT``), so a memory far ahead in one ranking stays ahead of memories
+mediocre in both. A memory the agent said (``metadata["speaker"] == "assistant"``) is
+multiplied by ``ASSISTANT_WEIGHT`` unless the query says "you": what is asked about a
+person is mostly what they said. Then each memory takes a share (``CONTEXT_WEIGHT``) of
+the best fused score of its neighbours: the memories written just before and after it in
+the same session (``provenance.session_id``), so a short answer ("Yes, last Saturday!")
+is found through the question it answers. Last, a long memory (more than
+``LENGTH_PIVOT`` characters) is scored down by ``1 + LENGTH_WEIGHT * ln(length /
+LENGTH_PIVOT)``: a long text (such as a chat assistant's reply) shares words and topic
+with many queries, while what a person stated is mostly short; it still lends its whole
+match to its neighbours, since context is added before. When the query names a period
+("four weeks ago", "in June": :mod:`._when`), the memories written in it are candidates
+too, and their score is multiplied by ``1 + TIME_WEIGHT``. The constants were chosen on
+the development split of ``bench/retrieval.py`` and are reported on its held-out split.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -42,7 +44,7 @@ POOL = 50
 #: The weight of the vector ranking in a hybrid search (the full-text ranking has the rest).
 VECTOR_WEIGHT = 0.5
 #: The share of its best neighbour's fused score that a memory adds to its own.
-CONTEXT_WEIGHT = 0.4
+CONTEXT_WEIGHT = 0.3
 #: Neighbours: memories of the same session at most this far apart in write order.
 CONTEXT_SPAN = 1
 #: Memories longer than this (characters, about 150 tokens) are scored down by their length.
@@ -52,6 +54,12 @@ LENGTH_WEIGHT = 1.0
 #: A memory written in the period the query names (:mod:`._when`: "four weeks ago") has its fused
 #: score multiplied by ``1 + TIME_WEIGHT``; 0 reads no period from the query.
 TIME_WEIGHT = 2.0
+#: A memory the agent said (``metadata["speaker"] == "assistant"``, the chat role's name) has its
+#: fused score multiplied by this, unless the query addresses the agent (:data:`ADDRESSES_AGENT`):
+#: what is asked about a person is mostly what they said, not what the agent answered.
+ASSISTANT_WEIGHT = 0.7
+#: A query with one of these words asks about what the agent said ("what did you suggest?").
+ADDRESSES_AGENT = re.compile(r"\b(you|your|yours)\b", re.IGNORECASE)
 #: Bounds of :class:`Fusion`'s knobs: candidates (and neighbours) per search, and a weight.
 MAX_POOL = 10_000
 MAX_WEIGHT = 100.0
@@ -72,6 +80,7 @@ class Fusion:
     length_pivot: int = LENGTH_PIVOT
     length_weight: float = LENGTH_WEIGHT
     time_weight: float = TIME_WEIGHT
+    assistant_weight: float = ASSISTANT_WEIGHT
 
     def __post_init__(self) -> None:
         """Raises InvalidInputError for a knob out of range (a pivot of 0 would divide by zero at search)."""
@@ -83,6 +92,7 @@ class Fusion:
             "context_weight": MAX_WEIGHT,
             "length_weight": MAX_WEIGHT,
             "time_weight": MAX_WEIGHT,
+            "assistant_weight": 1.0,
         }
         for name, most in weights.items():
             object.__setattr__(self, name, check_number(getattr(self, name), name, maximum=most))
@@ -142,9 +152,11 @@ def fuse_scores(
     k: int,
     fusion: Fusion = Fusion(),
     window: tuple[datetime, datetime] | None = None,
+    query: str = "",
 ) -> list[SearchResult]:
     """Score-aware fusion of a vector and a full-text ranking, with session context, a
-    length prior and the period the query names (``window``, ``[since, until)``); the top ``k``.
+    length prior, the agent's own words weighed down unless ``query`` addresses the agent,
+    and the period the query names (``window``, ``[since, until)``); the top ``k``.
 
     Scores are in [0, (1 + ``context_weight``) * (1 + ``time_weight``)]; ties are broken by
     :func:`rank_key`.
@@ -153,6 +165,9 @@ def fuse_scores(
     v, t = normalized(vector), normalized(text)
     w = fusion.vector_weight
     fused = {i: w * v.get(i, 0.0) + (1 - w) * t.get(i, 0.0) for i in memories}
+    if fusion.assistant_weight < 1 and not ADDRESSES_AGENT.search(query):
+        a = fusion.assistant_weight
+        fused = {i: s * a if said_by_agent(memories[i]) else s for i, s in fused.items()}
     if fusion.context_weight > 0:
         fused = with_context(fused, memories, fusion.context_weight, fusion.context_span)
     if fusion.length_weight > 0:
@@ -166,6 +181,12 @@ def fuse_scores(
         fused = {i: s * boost if since <= memories[i].created_at < until else s for i, s in fused.items()}
     hits = [SearchResult(memories[i], score) for i, score in fused.items()]
     return sorted(hits, key=rank_key)[:k]
+
+
+def said_by_agent(memory: Memory) -> bool:
+    """Whether the memory is the agent's own turn: its ``metadata["speaker"]`` is ``"assistant"``."""
+    speaker = memory.metadata.get("speaker")
+    return isinstance(speaker, str) and speaker.lower() == "assistant"
 
 
 def with_context(

@@ -131,7 +131,7 @@ class Reading(MemoryBackend):
                 more, _ = self._hybrid(owner, vec, query, pool, during, now)
                 seen = {h.memory.id for h in near}
                 near = [*near, *(h for h in more if h.memory.id not in seen)]
-        return fuse_scores(near, text, k, self.fusion, period)
+        return fuse_scores(near, text, k, self.fusion, period, query)
 
     def _query_vector(self, query: str, vector: Sequence[float] | None) -> Vectors:
         if vector is None:
