@@ -47,6 +47,15 @@ def day(iso: str) -> datetime:
         ("Where was I in June?", "2022-05-29", "2022-07-04"),  # June is still to come: last year's
         ("Where was I in May 2021?", "2021-04-28", "2021-06-04"),
         ("What should I watch tonight?", "2023-04-01", "2023-04-02"),
+        ("Which bike did I service the past weekend?", "2023-03-25", "2023-03-27"),
+        ("How many classes did I take this week?", "2023-03-27", "2023-04-02"),  # from Monday
+        ("What have I earned this month?", "2023-04-01", "2023-04-02"),
+        ("How many weddings have I attended this year?", "2023-01-01", "2023-04-02"),
+        ("What have I spent since the start of the year?", "2023-01-01", "2023-04-02"),
+        ("Which airline did I fly on Valentine\u2019s day?", "2023-02-14", "2023-02-18"),  # and 3 days after
+        ("Who came over on Christmas Eve?", "2022-12-24", "2022-12-28"),  # still to come: last year's
+        ("What did I cook at Christmas?", "2022-12-25", "2022-12-29"),
+        ("Where was I on New Years Day?", "2023-01-01", "2023-01-05"),
     ],
 )
 def test_a_period_is_read_from_the_query_at_the_searchs_time(query: str, since: str, until: str) -> None:
@@ -61,6 +70,8 @@ def test_a_period_is_read_from_the_query_at_the_searchs_time(query: str, since: 
         "Which agency did I use?",  # 'ago' inside a word
         "What happened 9999 years ago?",  # before the calendar: no period, no error
         "Where was I in March 0000?",
+        "Any plans for this weekend?",  # a weekend to come is not a period of memories
+        "What are my new year's resolutions?",  # the new year, not its first day
     ],
 )
 def test_a_query_without_a_period_has_none(query: str) -> None:

@@ -15,9 +15,14 @@ What is read, at the store's clock ``now`` (days are UTC days):
   least);
 * "yesterday"; "today", "tonight", "this morning";
 * "last Monday" ... "last Sunday": the most recent such day before today;
-* "last weekend", "this past weekend": the Saturday and Sunday before today;
+* "last weekend", "this past weekend", "the past weekend": the Saturday and Sunday before today;
+* "on Valentine's Day", "at Christmas" (and Christmas Eve, New Year's Eve and Day,
+  Halloween): the last such day up to today, and the ``MONTH_SLACK`` days after it (what
+  was done on a holiday is often told in the days after);
 * "last / past / previous (N) days / weeks / months / years": from that long ago (and a
   quarter more) until now;
+* "this week / month / year", "so far this year", "since the start (beginning) of the
+  year": from the start of that week (Monday), month or year until now;
 * "in / during / of / on January" ... "December", with a year or not ("May" only with
   one: "may" is mostly a verb): that month, three days each side, of this year or, for a
   month still to come, the year before.
@@ -50,7 +55,14 @@ MONTH_SLACK = 3
 _AGO = re.compile(rf"\b{_N} (day|week|month|year)s? ago\b")
 _PAST = re.compile(rf"\b(?:past|last|previous) (?:{_N} )?(day|week|month|year)s?\b")
 _LAST_DAY = re.compile(rf"\blast ({'|'.join(_DAYS)})\b")
-_LAST_WEEKEND = re.compile(r"\b(?:last|this past) weekend\b")
+_LAST_WEEKEND = re.compile(r"\b(?:last|(?:this |the )?past) weekend\b")
+#: Holidays on a fixed day of the year: (month, day); the apostrophe may be left out.
+_HOLIDAYS = {
+    r"new year'?s eve": (12, 31), r"new year'?s day": (1, 1), r"valentine'?s day": (2, 14),
+    r"halloween": (10, 31), r"christmas eve": (12, 24), r"christmas(?: day)?": (12, 25),
+}  # fmt: skip
+_HOLIDAY = [(re.compile(rf"\b{h}\b"), date) for h, date in _HOLIDAYS.items()]
+_THIS = re.compile(r"\b(?:this|since the (?:start|beginning) of (?:the|this)) (week|month|year)\b")
 _YESTERDAY = re.compile(r"\byesterday\b")
 _TODAY = re.compile(r"\b(?:today|tonight|this morning)\b")
 _IN_MONTH = re.compile(rf"\b(?:in|during|of|on) ({'|'.join(_MONTHS)})(?:,? (\d{{4}}))?\b")
@@ -78,7 +90,7 @@ def window(query: str, now: datetime) -> tuple[datetime, datetime] | None:
         True
     """
     try:
-        return _window(query.lower(), now)
+        return _window(query.lower().replace("\u2019", "'"), now)
     except (OverflowError, ValueError):  # before year 1 or after 9999
         return None
 
@@ -99,9 +111,20 @@ def _window(text: str, now: datetime) -> tuple[datetime, datetime] | None:
     if _LAST_WEEKEND.search(text):
         back = (today.weekday() - 5) % 7 or 7  # to the Saturday before today
         return today - back * day, today - (back - 2) * day
+    if holiday := next((date for pattern, date in _HOLIDAY if pattern.search(text)), None):
+        start = today.replace(month=holiday[0], day=holiday[1])
+        if start > today:
+            start = start.replace(year=today.year - 1)
+        return start, start + (MONTH_SLACK + 1) * day
     if m := _PAST.search(text):
         days = _count(m.group(1)) * _UNIT[m.group(2)]
         return today - timedelta(days=days * (1 + SLACK)), today + day
+    if m := _THIS.search(text):
+        if m.group(1) == "week":
+            start = today - today.weekday() * day
+        else:
+            start = today.replace(day=1) if m.group(1) == "month" else today.replace(month=1, day=1)
+        return start, today + day
     if (m := _IN_MONTH.search(text)) and (m.group(1) != "may" or m.group(2)):
         month = _MONTHS.index(m.group(1)) + 1
         year = int(m.group(2)) if m.group(2) else now.year - (month > now.month)
