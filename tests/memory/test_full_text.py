@@ -93,3 +93,28 @@ def test_a_rare_word_of_the_query_outweighs_a_frequent_one(make_store: StoreFact
     hits = store.search("g", "orchid garden", k=3, mode="text")
     assert [h.memory.content for h in hits[:2]] == [rare, twice]
     assert hits[0].score > hits[1].score
+
+
+@pytest.mark.parametrize("make_store", BACKENDS, indirect=True)
+@pytest.mark.parametrize(
+    ("memories", "query"),
+    [
+        # the past tense of a memory, the base form of a question (after "did")
+        (["Caroline: I went to the museum with my kids.", "Caroline: The museum was closed."],
+         "When did Caroline go to the museum?"),
+        # and the other way round
+        (["Melanie: I want to buy a kayak for the lake.", "Melanie: The kayak is red."],
+         "Which kayak was it that Melanie bought?"),
+        # an irregular plural
+        (["Jon: My children love the zoo on Sundays.", "Jon: The zoo was full."],
+         "Does Jon have a child who likes the zoo?"),
+    ],
+)  # fmt: skip
+def test_irregular_forms_find_their_base_form(
+    make_store: StoreFactory, memories: list[str], query: str
+) -> None:
+    """The distractor is shorter and shares the rest: without the base form it would rank first."""
+    store = make_store()
+    store.remember_many("c", [*memories, *CHAT[4:]])
+    hits = store.search("c", query, k=3, mode="text")
+    assert hits[0].memory.content == memories[0]

@@ -270,3 +270,48 @@ def test_migration_5_counts_what_a_writer_in_flight_commits(postgres_url: str) -
     kept = assert_exact(postgres_url)
     assert {o for o, _ in kept} == {"alice"}
     opened[0].close()
+
+
+def test_postgres_reads_every_irregular_form_as_its_base(postgres_url: str) -> None:
+    """The database's copy of the table (``irregular_bases``) is the Python one, form by form."""
+    from statekeep.memory._irregular import BASE
+
+    PgVectorMemoryStore(postgres_url, FakeEmbedder()).close()
+    with psycopg.connect(libpq(postgres_url)) as conn:
+        rows = conn.execute(
+            f"SELECT f, {q.SCHEMA}.irregular_bases(initcap(f) || ' and stone') FROM unnest(%s::text[]) AS f",
+            (sorted(BASE),),
+        ).fetchall()
+    assert dict(rows) == BASE
+
+
+def test_a_store_of_schema_6_reads_irregular_forms_after_the_upgrade(postgres_url: str) -> None:
+    """Migration 7 rewrites the text vectors of the memories written before, and counts their words again."""
+    db = Database(postgres_url)
+    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:6])
+    db.dispose()
+    with psycopg.connect(libpq(postgres_url)) as conn:
+        vector = "[" + ",".join(["0.125"] * 64) + "]"
+        texts = ["Alice went to Paris in May", "Paris is lovely", "Alice bought a hat"]
+        for i, text in enumerate(texts):
+            conn.execute(
+                f"INSERT INTO {q.TABLE} (owner, id, content, kind, source, trust, model, created_us, "
+                "embedding, dedupe_key) VALUES ('alice', %s, %s, 'semantic', 'imported', 0.5, "
+                "'fake-hash-64', %s, CAST(%s AS vector), %s)",
+                (f"m{i}", text, i, vector, text.lower()),
+            )
+        conn.execute(q.COUNT_WRITTEN.replace(":owner", "'alice'").replace(":ids", "ARRAY['m0','m1','m2']"))
+        assert ("alice", "go") not in assert_exact(postgres_url)
+    store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
+    try:
+        kept = assert_exact(postgres_url)
+        assert kept[("alice", "go")] == 1
+        assert kept[("alice", "went")] == 1
+        assert kept[("alice", "")] == 3
+        found = [r.memory.content for r in store.search("alice", "Did Alice go to Paris?", mode="text")]
+        assert found[0] == texts[0]
+        assert [r.memory.content for r in store.search("alice", "what she buys", mode="text")] == [texts[2]]
+        store.remember("alice", "Alice flew home")
+        assert assert_exact(postgres_url)[("alice", "fli")] == 1
+    finally:
+        store.close()

@@ -9,7 +9,8 @@ same memories and query rank the same, whatever else the table holds.
 
 Words: case-folded runs of letters, digits and the marks within words (accents of
 Latin letters folded away by NFKD) of at most :data:`MAX_WORD` characters, English
-stop words dropped, stemmed by the Snowball English stemmer (as LanceDB's ``FTS()``
+stop words dropped, irregular forms read as their base ("went" as "go":
+:mod:`._irregular`), stemmed by the Snowball English stemmer (as LanceDB's ``FTS()``
 did). Stems are memoised per index, so that an owner's words go with their index.
 Scores: BM25 with ``k1`` = :data:`K1` and ``b`` = :data:`B`.
 """
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from statekeep.memory import _irregular
 from statekeep.memory._ranking import rank_key
 from statekeep.memory._types import Memory, SearchResult
 
@@ -101,7 +103,7 @@ def words(text: str, stems: dict[str, str] | None = None) -> list[str]:
 
 
 def _stem(token: str) -> str:
-    return str(_stemmer().stemWord(token))
+    return str(_stemmer().stemWord(_irregular.BASE.get(token, token)))
 
 
 class TextIndex:

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 
 from statekeep.db import Migration
 from statekeep.memory._dedupe import identity
+from statekeep.memory._irregular import sql_function
 
 SCHEMA = "statekeep_memory"
 TABLE = f"{SCHEMA}.memories"
@@ -316,6 +317,31 @@ def _sentences(conn: Connection) -> None:
     conn.exec_driver_sql(f"ALTER TABLE {TABLE} ALTER COLUMN sentences SET STATISTICS 0")
 
 
+#: A memory's text vector: its words (English stemming, stop words dropped) and the base forms of its
+#: irregular forms ("went" holds "go" too: :mod:`._irregular`); the query's forms are read as bases.
+TEXT_VECTOR = f"to_tsvector('english', content) || to_tsvector('english', {SCHEMA}.irregular_bases(content))"
+
+
+def _irregular_bases(conn: Connection) -> None:
+    """The text vector again, with the bases of irregular forms (:data:`TEXT_VECTOR`); the counts redone.
+
+    The column is dropped and added again (PostgreSQL before 17 cannot change a generated
+    column's expression), which rewrites the table under an exclusive lock: the upgrade
+    waits for the writes under way, and the words' counts are taken again after it.
+    """
+    conn.exec_driver_sql(sql_function(SCHEMA))
+    conn.exec_driver_sql(f"ALTER TABLE {TABLE} DROP COLUMN tsv")  # its index goes with it
+    conn.exec_driver_sql(
+        f"ALTER TABLE {TABLE} ADD COLUMN tsv tsvector GENERATED ALWAYS AS ({TEXT_VECTOR}) STORED"
+    )
+    conn.exec_driver_sql(f"ALTER TABLE {TABLE} ALTER COLUMN tsv SET STORAGE MAIN")
+    conn.exec_driver_sql(f"ALTER TABLE {TABLE} ALTER COLUMN tsv SET STATISTICS 0")
+    conn.exec_driver_sql(f"CREATE INDEX memories_tsv ON {TABLE} USING gin (tsv)")
+    _short_pending_list(conn)
+    conn.exec_driver_sql(f"TRUNCATE {WORDS}")
+    conn.exec_driver_sql(RECOUNT)
+
+
 MIGRATIONS = [
     Migration(1, "memories, partitioned by owner, with row-level security", _create),
     Migration(2, "deduplication by identity, and a write order that breaks ranking ties", _dedupe_and_order),
@@ -331,6 +357,7 @@ MIGRATIONS = [
         _count_words,
     ),
     Migration(6, "sentence vectors of short memories", _sentences),
+    Migration(7, "irregular forms read as their base form by full-text search", _irregular_bases),
 ]
 
 

@@ -40,6 +40,7 @@ from statekeep.errors import ConfigError, StorageError
 from statekeep.memory import _pg_search as ps
 from statekeep.memory import _pgsql as q
 from statekeep.memory import base
+from statekeep.memory._irregular import base_forms
 from statekeep.memory._pg_pipeline import Pipelined, Statement
 from statekeep.memory._rows import from_row, to_row, to_us
 from statekeep.memory._sentences import Parts
@@ -223,7 +224,7 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         """Full-text search; with the query's ``vector``, each row's best cosine too (``best``)."""
         clause, params = ps.scope_where(to_us(now), filters)
         best = None if vector is None else (self.embedder.name, vector.shape[0])
-        values = {**params, "owner": owner, "query": query, "k": k}
+        values = {**params, "owner": owner, "query": base_forms(query), "k": k}  # "went" as "go", as stored
         return Statement(ps.text_sql(clause, best), values if vector is None else {**values, "q": vector})
 
     @staticmethod
