@@ -283,6 +283,9 @@ def test_postgres_reads_every_irregular_form_as_its_base(postgres_url: str) -> N
             (sorted(BASE),),
         ).fetchall()
     assert dict(rows) == BASE
+    with psycopg.connect(libpq(postgres_url)) as conn:
+        nots = conn.execute(f"SELECT {q.SCHEMA}.irregular_bases(%s)", ("I won't, WON\u2019T, but I won",))
+        assert nots.fetchone() == ("win",)  # "won't" is "will not"
 
 
 def test_a_store_of_schema_6_reads_irregular_forms_after_the_upgrade(postgres_url: str) -> None:

@@ -87,9 +87,10 @@ def _stemmer() -> Any:
 def words(text: str, stems: dict[str, str] | None = None) -> list[str]:
     """The indexed words of ``text``, in order, repeats kept; ``stems`` memoises the stemmer."""
     if text.isascii():
-        tokens = text.lower().translate(_ASCII_SPACES).split()
+        tokens = _irregular.unwont(text.lower()).translate(_ASCII_SPACES).split()
     else:
-        tokens = _word().findall(_MARKS.sub("", unicodedata.normalize("NFKD", text.casefold())))
+        folded = _irregular.unwont(text.casefold())
+        tokens = _word().findall(_MARKS.sub("", unicodedata.normalize("NFKD", folded)))
     stems = {} if stems is None else stems
     get = stems.get
     out = []

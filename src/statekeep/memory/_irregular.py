@@ -60,24 +60,33 @@ BASE: dict[str, str] = {
 }
 
 _ASCII_WORD = re.compile(r"[A-Za-z]+")
+#: "won't" is "will not", not a past tense of "win" (the tokenizers split it into "won" and "t").
+WONT = re.compile(r"\bwon['\u2019]t\b")
 
 
 def base_forms(text: str) -> str:
-    """``text`` with each irregular form replaced by its base ("I went" -> "I go"), the rest unchanged."""
-    return _ASCII_WORD.sub(lambda m: BASE.get(m.group().lower(), m.group()), text)
+    """``text`` in lower case, each irregular form replaced by its base ("I went" -> "i go")."""
+    return _ASCII_WORD.sub(lambda m: BASE.get(m.group().lower(), m.group()), unwont(text.lower()))
+
+
+def unwont(lowered: str) -> str:
+    """``lowered`` (a text in lower case) with "won't" spelled "will not"."""
+    return WONT.sub("will not", lowered) if "won" in lowered else lowered
 
 
 def sql_function(schema: str) -> str:
     """PostgreSQL's copy of :data:`BASE`: ``{schema}.irregular_bases(text)``, the bases of a text's forms.
 
     The words are PostgreSQL's own (the ``simple`` configuration: its parser, lower case),
-    each once; the bases come out in the order of their words, space separated.
+    each once, "won't" read as "will not" (:data:`WONT`); the bases come out in the order of
+    their words, space separated.
     """
     pairs = ", ".join(f"('{form}', '{base}')" for form, base in sorted(BASE.items()))
     return (
         f"CREATE FUNCTION {schema}.irregular_bases(t text) RETURNS text "
         "LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $fn$ "
         "SELECT coalesce(string_agg(b.base, ' ' ORDER BY w.word), '') "
-        "FROM unnest(tsvector_to_array(to_tsvector('simple', t))) AS w(word) "
+        "FROM unnest(tsvector_to_array(to_tsvector('simple', "
+        "regexp_replace(t, '\\mwon[''\u2019]t\\M', 'will not', 'gi')))) AS w(word) "
         f"JOIN (VALUES {pairs}) AS b(form, base) ON b.form = w.word $fn$"
     )
