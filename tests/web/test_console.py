@@ -253,3 +253,31 @@ def test_memory_is_listed_searched_exported_and_erased_within_scope(
     receipt = client.delete("/api/memory/owner-2?confirm=owner-2", headers=bearer(CAROL)).json()
     assert (receipt["owner"], receipt["removed"]) == ("owner-2", 1)
     assert client.get("/api/memory/owner-2", headers=bearer(ALICE)).json()["memories"] == []
+
+
+def test_the_approvals_page_links_to_the_next_page_when_full(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of the oldest approvals, and a link to the next one while the page is full."""
+    from statekeep.web import pages
+
+    rt = agent_app.build_runtime(settings)
+    for i in range(3):
+        rt.run(agent_app.AGENT, f"trip-{i}", owner="owner-1", task="Plan a trip")
+    rt.close()
+    monkeypatch.setattr(pages, "APPROVALS_PAGE", 2)
+    stores = Stores.open(settings, embedder=FakeEmbedder())
+    every = [a.approval_id for a in stores.workflow.approvals(status=None)]
+    assert len(every) == 3
+    try:
+        with TestClient(create_app(stores.workflow, tokens=TOKENS, stores=stores)) as client:
+            first = client.get("/approvals?status=all", headers={**HTML, **bearer(ALICE)}).text
+            assert [i for i in every if i in first] == every[:2]
+            (following,) = re.findall(r'<a rel="next" href="([^"]+)"', first)
+            assert following.endswith(f"/approvals?status=all&amp;after={every[1]}")
+            last = client.get(following.replace("&amp;", "&"), headers={**HTML, **bearer(ALICE)}).text
+            assert [i for i in every if i in last] == every[2:]
+            assert 'rel="next"' not in last
+            assert "← Oldest" in last
+    finally:
+        stores.close()

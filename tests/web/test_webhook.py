@@ -373,3 +373,67 @@ def test_a_decision_over_http_with_keys_stays_readable_by_a_keyless_worker(
     assert engine.store.approval(ask["approval_id"]).comment == "paid"
     assert lines(effects) == ["o-1/2/0 ada 1234"]
     store.close()
+
+
+def test_approvals_come_a_page_at_a_time_with_a_link_to_the_next(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    """``limit`` and ``after``: every approval once, oldest first; a full page links to the next."""
+    from statekeep.web import create_app
+
+    engine = make_engine(refund_registry(tmp_path / "effects"))
+    for i in range(5):
+        engine.run(engine.registry.get("refund", 1), f"r{i}", f"o-{i}")
+    every = [a.approval_id for a in engine.store.approvals(status=None)]
+    with TestClient(create_app(engine.store, tokens=TOKENS)) as client:
+        seen, sizes = [], []
+        url: str | None = "/api/approvals?status=all&limit=2"
+        while url is not None:
+            page = client.get(url, headers=auth(BOB))
+            assert page.status_code == 200, page.text
+            seen += [a["approval_id"] for a in page.json()]
+            sizes.append(len(page.json()))
+            link = page.headers.get("link")
+            url = None if link is None else link.split(">")[0].lstrip("<")
+        assert sizes == [2, 2, 1]
+        assert seen == every
+        assert len(client.get("/api/approvals?status=all", headers=auth(BOB)).json()) == 5  # 100 a page
+        assert (
+            client.get(f"/api/approvals?after={every[0]}", headers=auth(BOB)).json()[0]["approval_id"]
+            == every[1]
+        )
+        assert client.get("/api/approvals?after=nope", headers=auth(BOB)).status_code == 404
+        for bad in ("limit=0", "limit=1001", "limit=x"):
+            assert client.get(f"/api/approvals?{bad}", headers=auth(BOB)).status_code == 422, bad
+
+
+def test_a_scoped_token_gets_full_pages_of_its_own_approvals(make_engine: EngineFactory) -> None:
+    """Approvals outside the token's gates are skipped, and the page is filled from further on."""
+    from statekeep.web import create_app
+
+    registry = Registry()
+    for name in ("refund", "wire"):
+        tool = registry.tool(name)(lambda key, order: order)
+        gated = tool.requiring_approval(f"{name}s need a person")
+
+        def flow(ctx: Any, order: str, gated: Any = gated) -> Any:
+            return ctx.call_tool(gated, order)
+
+        registry.workflow(name, version=1)(flow)
+    engine = make_engine(registry)
+    for i in range(6):  # refund, wire, refund, wire...
+        name = ("refund", "wire")[i % 2]
+        engine.run(engine.registry.get(name, 1), f"r{i}", f"o-{i}")
+    wires = [a.approval_id for a in engine.store.approvals(action="wire")]
+    tokens: dict[str, Any] = {
+        **TOKENS,
+        "carol@example.com": {"token": "carol-token-0123456789", "gates": ["wire"]},
+    }
+    with TestClient(create_app(engine.store, tokens=tokens)) as client:
+        carol = auth("carol-token-0123456789")
+        first = client.get("/api/approvals?limit=2", headers=carol)
+        assert [a["approval_id"] for a in first.json()] == wires[:2]
+        assert "link" in first.headers
+        rest = client.get(first.headers["link"].split(">")[0].lstrip("<"), headers=carol)
+        assert [a["approval_id"] for a in rest.json()] == wires[2:]
+        assert "link" not in rest.headers

@@ -11,6 +11,8 @@ import pytest
 from statekeep.errors import (
     ApprovalDecidedError,
     ApprovalExpiredError,
+    ApprovalNotFoundError,
+    InvalidInputError,
     RunFinishedError,
     RunNotFoundError,
 )
@@ -187,6 +189,39 @@ class CallsAndWaits:
         assert engine.resume("r").status is RunStatus.WAITING_FOR_APPROVAL
         assert len(store.approvals(status=None)) == 1  # asked once, however often it resumes
         assert effects == []
+
+    def test_approvals_come_a_page_at_a_time_oldest_first(self, store: WorkflowStore) -> None:
+        """Pages of ``limit`` after the last one's id: every approval once, in (creation time, id) order."""
+        effects: list[str] = []
+        engine = Engine(store, refund_registry(effects, {"value": 120}))
+        for i in range(7):
+            engine.run(engine.registry.get("refund", 1), f"r{i}", f"o-{i}")
+        store.decide(store.approvals(run_id="r3")[0].approval_id, approve=False, by="bob")
+        every = store.approvals(status=None)
+        assert len(every) == 7
+        assert [(a.created_at, a.approval_id) for a in every] == sorted(
+            (a.created_at, a.approval_id) for a in every
+        )
+        pages, after = [], None
+        while True:
+            page = store.approvals(status=None, limit=3, after=after)
+            pages.append(page)
+            if len(page) < 3:
+                break
+            after = page[-1].approval_id
+        assert [len(p) for p in pages] == [3, 3, 1]
+        assert [a for p in pages for a in p] == every
+        rejected = every[3]
+        assert store.approvals(after=every[2].approval_id, limit=2) == [every[4], every[5]]  # pending only
+        assert store.approvals(status="pending", after=rejected.approval_id) == every[4:]  # need not match
+        assert store.approvals(status=None, after=every[-1].approval_id) == []
+        with pytest.raises(ApprovalNotFoundError):
+            store.approvals(after="no-such-approval")
+        for limit in (0, 10_001, True, 2.5, "3"):
+            with pytest.raises(InvalidInputError):
+                store.approvals(limit=limit)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError):
+            store.approvals(after="")
 
     def test_an_approved_call_runs_once_and_a_decision_is_recorded_once(self, store: WorkflowStore) -> None:
         """After approval the exact call runs once; the decision keeps who and why; deciding again raises."""

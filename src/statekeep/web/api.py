@@ -342,13 +342,32 @@ class Api:
         run_id: str | None = None,
         kind: str | None = None,
         action: str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> list[ApprovalOut]:
-        """Approvals within the grant's scope, oldest first (``status="all"`` for every one)."""
-        found = self.store.approvals(
-            status=None if status == "all" else status, run_id=run_id, kind=kind, action=action
-        )
+        """Approvals within the grant's scope, oldest first (``status="all"`` for every one).
+
+        ``limit``: at most this many within the scope (the store is read a page of
+        ``limit`` at a time until they are found); ``after``: an approval id, the last
+        of the page before (:meth:`WorkflowStore.approvals`).
+        """
         cache: dict[str, str | None] = {}
-        return [self._approval_out(a, cache) for a in found if self._approval_allowed(grant, a, cache)]
+        out: list[ApprovalOut] = []
+        while True:
+            found = self.store.approvals(
+                status=None if status == "all" else status,
+                run_id=run_id,
+                kind=kind,
+                action=action,
+                limit=limit,
+                after=after,
+            )
+            for a in found:
+                if self._approval_allowed(grant, a, cache):
+                    out.append(self._approval_out(a, cache))
+            if limit is None or len(found) < limit or len(out) >= limit:
+                return out[:limit]
+            after = found[-1].approval_id  # a scoped token saw fewer than a page: read on
 
     def approval(self, grant: Grant, approval_id: str) -> ApprovalOut:
         """One approval (403 outside the grant's scope)."""

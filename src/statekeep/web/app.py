@@ -58,6 +58,8 @@ with requires("web", "the web console"):
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 _NEED_TOKEN = "a valid bearer token is required"
+#: Approvals per page of ``GET /api/approvals`` unless ``limit`` says otherwise (at most 1,000).
+APPROVALS_PAGE = 100
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 _TOO_LARGE = "Content Too Large"  # RFC 9110's name; Python's HTTPStatus says "Request Entity Too Large"
 _GRANT = "statekeep.grant"  # the ASGI scope key the guard leaves the caller's grant under
@@ -360,6 +362,7 @@ def create_app(
 
     @router.get("/approvals", summary="Approvals, oldest first (pending unless status says otherwise)")
     def list_approvals(
+        request: Request,
         who: Caller,
         status: Annotated[
             str, Query(description="pending, approved, rejected, expired, withdrawn or all.")
@@ -367,14 +370,26 @@ def create_app(
         run_id: Annotated[str | None, Query(description="Only this run's approvals.")] = None,
         kind: Annotated[str | None, Query(description="gate or ambiguous.")] = None,
         action: Annotated[str | None, Query(description="Only approvals of this gated action.")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000, description="Approvals per page.")] = APPROVALS_PAGE,
+        after: Annotated[
+            str | None, Query(description="The id of the last approval of the page before.")
+        ] = None,
     ) -> _JSON:
-        """Pending ones unless ``status`` says otherwise (``all`` for every one).
+        """Pending ones unless ``status`` says otherwise (``all`` for every one), a page at a time.
 
-        The store checks the filters (a bad status or kind is a 422); a scoped
-        token sees only the approvals within its scope.
+        The store checks the filters (a bad status or kind is a 422; an unknown
+        ``after`` a 404); a scoped token sees only the approvals within its scope.
+        A full page has a ``Link`` header to the next one (``rel="next"``: the same
+        query, ``after`` its last approval); the last page has none.
         """
-        found = api.approvals(who, status=status, run_id=run_id, kind=kind, action=action)
-        return _JSON([a.model_dump(mode="json") for a in found])
+        found = api.approvals(
+            who, status=status, run_id=run_id, kind=kind, action=action, limit=limit, after=after
+        )
+        headers = {}
+        if len(found) == limit:
+            following = request.url.include_query_params(after=found[-1].approval_id)
+            headers["Link"] = f'<{following}>; rel="next"'
+        return _JSON([a.model_dump(mode="json") for a in found], headers=headers)
 
     @router.get("/approvals/{approval_id}", summary="One approval, decided or not")
     def get_approval(approval_id: str, who: Caller) -> _JSON:

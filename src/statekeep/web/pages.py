@@ -35,6 +35,8 @@ _HEADERS = {
     "Cache-Control": "no-store",
 }
 PAGE = 25
+#: Approvals per page of the console's list (oldest first; a full page links to the next).
+APPROVALS_PAGE = 100
 
 
 def _when(value: datetime | None) -> str:
@@ -220,10 +222,13 @@ def add_pages(app: FastAPI, api: Api) -> None:
     # --- approvals ----------------------------------------------------------------------------
 
     @app.get("/approvals", include_in_schema=False)
-    def approvals_page(request: Request, status: str = "pending") -> HTMLResponse:
+    def approvals_page(request: Request, status: str = "pending", after: str | None = None) -> HTMLResponse:
         grant = _grant(request)
-        found = api.approvals(grant, status=status)
-        return render(request, "approvals.html", approvals=found, status=status)
+        found = api.approvals(grant, status=status, limit=APPROVALS_PAGE, after=after)
+        following = found[-1].approval_id if len(found) == APPROVALS_PAGE else None
+        return render(
+            request, "approvals.html", approvals=found, status=status, after=after, following=following
+        )
 
     @app.get("/approvals/{approval_id}", include_in_schema=False)
     def approval_page(request: Request, approval_id: str, done: str | None = None) -> HTMLResponse:

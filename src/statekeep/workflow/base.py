@@ -378,11 +378,23 @@ class WorkflowStore(ABC):
         run_id: str | None = None,
         kind: str | None = None,
         action: str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> list[Approval]:
         """Approvals filtered by status (``pending`` by default; None for all), run, kind or action.
 
+        Oldest first: by creation time, then by id (a stable order, so pages neither
+        repeat nor skip an approval).
+
+        Args:
+            limit: at most this many (1 to 10,000); None for every one.
+            after: an approval's id, the last of the page before: only the approvals
+                after it in this order (it need not match the filters).
+
         Raises:
-            InvalidInputError: a filter that is not a storable, non-empty string.
+            InvalidInputError: a filter that is not a storable, non-empty string, or a
+                ``limit`` out of range.
+            ApprovalNotFoundError: no approval has the id ``after``.
         """
 
     @abstractmethod

@@ -49,6 +49,7 @@ from statekeep.workflow.inmemory_tx import (
 )
 from statekeep.workflow.rules import (
     check_approval_filters,
+    check_approvals_page,
     check_decision,
     check_event,
     check_fork_point,
@@ -308,17 +309,22 @@ class InMemoryWorkflowStore(WorkflowStore):
         run_id: str | None = None,
         kind: str | None = None,
         action: str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> list[Approval]:
         wanted = check_approval_filters(status, run_id, kind, action)
+        limit, after = check_approvals_page(limit, after)
         with self._lock:
+            mark = None if after is None else self._tables.approval(after)
             found = [
                 a
                 for s in self._tables.runs.values()
                 for a in s.approvals.values()
                 if all(getattr(a, f) == v for f, v in wanted.items())
+                and (mark is None or (a.created_at, a.approval_id) > (mark.created_at, mark.approval_id))
             ]
-            found.sort(key=lambda a: a.created_at)
-            return [approval_record(a) for a in found]
+            found.sort(key=lambda a: (a.created_at, a.approval_id))
+            return [approval_record(a) for a in found[:limit]]
 
     def approval(self, approval_id: str) -> Approval:
         check_id(approval_id, "approval_id")

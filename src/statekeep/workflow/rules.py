@@ -71,6 +71,21 @@ def check_approval_filters(
     return {field: check_id(value, field) for field, value in given.items() if value is not None}
 
 
+#: The most approvals one page of :meth:`WorkflowStore.approvals` may ask for (``limit``).
+MAX_APPROVALS_PAGE = 10_000
+
+
+def check_approvals_page(limit: int | None, after: str | None) -> tuple[int | None, str | None]:
+    """The page of :meth:`WorkflowStore.approvals` asked for (``limit``, ``after``), checked.
+
+    Raises:
+        InvalidInputError: ``limit`` not from 1 to :data:`MAX_APPROVALS_PAGE`, or ``after`` not an id.
+    """
+    if limit is not None:
+        limit = check_int(limit, "limit", minimum=1, maximum=MAX_APPROVALS_PAGE)
+    return limit, None if after is None else check_id(after, "after")
+
+
 def check_event(name: str, payload: Any) -> str:
     """Validate an event (:meth:`WorkflowStore.send_event`); return its encoded payload.
 

@@ -27,6 +27,7 @@ from statekeep.workflow.base import (
 )
 from statekeep.workflow.rules import (
     check_approval_filters,
+    check_approvals_page,
     check_decision,
     check_event,
 )
@@ -52,11 +53,27 @@ class SQLPeople(SQLBase):
         run_id: str | None = None,
         kind: str | None = None,
         action: str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> list[Approval]:
-        q = sa.select(approvals).order_by(approvals.c.created_at)
+        q = sa.select(approvals).order_by(approvals.c.created_at, approvals.c.approval_id)
         for column, value in check_approval_filters(status, run_id, kind, action).items():
             q = q.where(approvals.c[column] == value)
+        limit, after = check_approvals_page(limit, after)
+        q = q.limit(limit)
         with self.db.read() as conn:
+            if after is not None:
+                mark = conn.execute(
+                    sa.select(approvals.c.created_at).where(approvals.c.approval_id == after)
+                ).scalar_one_or_none()
+                if mark is None:
+                    raise ApprovalNotFoundError(after)
+                q = q.where(
+                    sa.or_(
+                        approvals.c.created_at > mark,
+                        sa.and_(approvals.c.created_at == mark, approvals.c.approval_id > after),
+                    )
+                )
             return [approval_record(r, self.keys) for r in conn.execute(q).mappings()]
 
     def approval(self, approval_id: str) -> Approval:
