@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from datetime import timedelta
 
 import psycopg
@@ -318,3 +319,77 @@ def test_a_store_of_schema_6_reads_irregular_forms_after_the_upgrade(postgres_ur
         assert assert_exact(postgres_url)[("alice", "fli")] == 1
     finally:
         store.close()
+
+
+def test_migration_7_keeps_text_vectors_in_the_row_and_lets_worker_roles_insert(postgres_url: str) -> None:
+    """The rows it rewrites keep their text vectors in the row (migration 5's storage), and a worker role
+    granted before it may call ``irregular_bases`` (which every insert computes), even where functions are
+    not executable by everyone."""
+    import uuid
+
+    from sqlalchemy.engine import make_url
+
+    db = Database(postgres_url)
+    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:6])
+    db.dispose()
+    rng = random.Random(7)
+    long = " ".join("".join(rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(7)) for _ in range(400))
+    name = f"worker_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
+        conn.execute(
+            f"INSERT INTO {q.TABLE} (owner, id, content, kind, source, trust, model, created_us, "
+            "embedding, dedupe_key) VALUES ('alice', 'm0', %s, 'semantic', 'imported', 0.5, "
+            "'fake-hash-64', 1, CAST(%s AS vector), 'm0')",
+            (long, "[" + ",".join(["0.125"] * 64) + "]"),
+        )
+        conn.execute(f"CREATE ROLE {name} LOGIN PASSWORD 'pw' NOSUPERUSER NOBYPASSRLS")
+        conn.execute(f"GRANT USAGE ON SCHEMA {q.SCHEMA} TO {name}")  # what grant() gave at schema 6
+        conn.execute(f"GRANT SELECT ON {q.SCHEMA}.memory_migrations TO {name}")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {q.TABLE}, {q.WORDS} TO {name}")
+        conn.execute(f"GRANT USAGE ON SEQUENCE {q.SEQUENCE} TO {name}")
+        conn.execute("ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC")  # this database only
+    PgVectorMemoryStore(postgres_url, FakeEmbedder()).close()  # the tables' owner upgrades
+    with psycopg.connect(libpq(postgres_url)) as conn:
+        assert conn.execute(f"SELECT pg_column_toast_chunk_id(tsv) FROM {q.TABLE}").fetchall() == [(None,)]
+        assert conn.execute(f"SELECT pg_column_size(tsv) > 2100 FROM {q.TABLE}").fetchone() == (True,)
+        public = conn.execute(f"SELECT has_function_privilege('public', '{q.IRREGULAR_BASES}', 'EXECUTE')")
+        assert public.fetchone() == (False,)  # else this proves nothing
+    worker_url = make_url(postgres_url).set(username=name, password="pw").render_as_string(False)
+    worker = PgVectorMemoryStore(worker_url, FakeEmbedder())
+    try:
+        worker.remember("alice", "Alice went to Paris")
+        assert [r.memory.content for r in worker.search("alice", "Did Alice go?", mode="text")] == [
+            "Alice went to Paris"
+        ]
+    finally:
+        worker.close()
+
+
+def test_migration_7_waits_for_a_search_under_way_without_a_deadlock(postgres_url: str) -> None:
+    """A search reads the word counts, then the memories; the upgrade rewrites the memories, then the
+    counts. Emptying the counts with TRUNCATE would wait for the search, which waits for the upgrade."""
+    db = Database(postgres_url)
+    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:6])
+    db.dispose()
+    errors: list[BaseException] = []
+    with psycopg.connect(libpq(postgres_url)) as search:
+        search.execute(f"SELECT count(*) FROM {q.WORDS}")  # the counts first, as text_sql reads them
+
+        def upgrade_now() -> None:
+            try:
+                PgVectorMemoryStore(postgres_url, FakeEmbedder()).close()
+            except BaseException as exc:
+                errors.append(exc)
+
+        upgrading = threading.Thread(target=upgrade_now)
+        upgrading.start()
+        time.sleep(1.0)  # the upgrade holds the memories now, and rewrites them
+        search.execute(f"SELECT count(*) FROM {q.TABLE}")  # waits for the upgrade to commit
+        search.commit()
+        upgrading.join(timeout=60)
+    assert errors == []
+    from statekeep.db.migrations import current_version
+
+    db = Database(postgres_url)
+    assert current_version(db, "memory", q.SCHEMA) == len(q.MIGRATIONS)
+    db.dispose()

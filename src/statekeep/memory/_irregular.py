@@ -59,14 +59,18 @@ BASE: dict[str, str] = {
     for form in words[1:]
 }
 
-_ASCII_WORD = re.compile(r"[A-Za-z]+")
+#: A word of ASCII letters alone, as PostgreSQL's parser reads one: not a part of a longer word
+#: ("sentí", "went2"), of an e-mail address, a URL or a path, or of a hyphenated word.
+_WHOLE_WORD = re.compile(r"(?<![\w@./-])[A-Za-z]+(?![\w@]|[-./]\w)")
 #: "won't" is "will not", not a past tense of "win" (the tokenizers split it into "won" and "t").
 WONT = re.compile(r"\bwon['\u2019]t\b")
+_ANY_CASE_WONT = re.compile(WONT.pattern, re.IGNORECASE)
 
 
 def base_forms(text: str) -> str:
-    """``text`` in lower case, each irregular form replaced by its base ("I went" -> "i go")."""
-    return _ASCII_WORD.sub(lambda m: BASE.get(m.group().lower(), m.group()), unwont(text.lower()))
+    """``text`` with each irregular form (a whole word, any case) replaced by its base ("went" -> "go")."""
+    text = _ANY_CASE_WONT.sub("will not", text)
+    return _WHOLE_WORD.sub(lambda m: BASE.get(m.group().lower(), m.group()), text)
 
 
 def unwont(lowered: str) -> str:
@@ -79,14 +83,19 @@ def sql_function(schema: str) -> str:
 
     The words are PostgreSQL's own (the ``simple`` configuration: its parser, lower case),
     each once, "won't" read as "will not" (:data:`WONT`); the bases come out in the order of
-    their words, space separated.
+    their words, space separated. Memory migration 7 creates it from this table: a change
+    to the table needs a new migration (a test holds the table's digest).
     """
+    if not re.fullmatch(r"[a-z_]+", schema) or not all(
+        re.fullmatch("[a-z]+", w) for w in (*BASE, *BASE.values())
+    ):
+        raise ValueError("the schema and every form must be lower-case letters")  # nothing to quote
     pairs = ", ".join(f"('{form}', '{base}')" for form, base in sorted(BASE.items()))
     return (
         f"CREATE FUNCTION {schema}.irregular_bases(t text) RETURNS text "
         "LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $fn$ "
-        "SELECT coalesce(string_agg(b.base, ' ' ORDER BY w.word), '') "
-        "FROM unnest(tsvector_to_array(to_tsvector('simple', "
-        "regexp_replace(t, '\\mwon[''\u2019]t\\M', 'will not', 'gi')))) AS w(word) "
+        "SELECT coalesce(pg_catalog.string_agg(b.base, ' ' ORDER BY w.word), '') "
+        "FROM pg_catalog.unnest(pg_catalog.tsvector_to_array(pg_catalog.to_tsvector('simple', "
+        "pg_catalog.regexp_replace(t, E'\\\\mwon[''\u2019]t\\\\M', 'will not', 'gi')))) AS w(word) "
         f"JOIN (VALUES {pairs}) AS b(form, base) ON b.form = w.word $fn$"
     )

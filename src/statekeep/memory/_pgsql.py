@@ -319,6 +319,7 @@ def _sentences(conn: Connection) -> None:
 
 #: A memory's text vector: its words (English stemming, stop words dropped) and the base forms of its
 #: irregular forms ("went" holds "go" too: :mod:`._irregular`); the query's forms are read as bases.
+IRREGULAR_BASES = f"{SCHEMA}.irregular_bases(text)"
 TEXT_VECTOR = f"to_tsvector('english', content) || to_tsvector('english', {SCHEMA}.irregular_bases(content))"
 
 
@@ -327,19 +328,26 @@ def _irregular_bases(conn: Connection) -> None:
 
     The column is dropped and added again (PostgreSQL before 17 cannot change a generated
     column's expression), which rewrites the table under an exclusive lock: the upgrade
-    waits for the writes under way, and the words' counts are taken again after it.
+    waits for the writes under way, and the words' counts are taken again after it. The
+    column's storage and statistics are set in the statement that adds it, so the rows
+    rewritten keep their text vectors in the row (migration 5). The counts are deleted,
+    not truncated: a search holds the counts before it asks for the memories, and
+    ``TRUNCATE`` would wait for it while it waits for the upgrade (a deadlock). Worker
+    roles that may write the memories may call the function their inserts compute.
     """
     conn.exec_driver_sql(sql_function(SCHEMA))
     conn.exec_driver_sql(f"ALTER TABLE {TABLE} DROP COLUMN tsv")  # its index goes with it
     conn.exec_driver_sql(
-        f"ALTER TABLE {TABLE} ADD COLUMN tsv tsvector GENERATED ALWAYS AS ({TEXT_VECTOR}) STORED"
+        f"ALTER TABLE {TABLE} ADD COLUMN tsv tsvector GENERATED ALWAYS AS ({TEXT_VECTOR}) STORED, "
+        "ALTER COLUMN tsv SET STORAGE MAIN, ALTER COLUMN tsv SET STATISTICS 0"
     )
-    conn.exec_driver_sql(f"ALTER TABLE {TABLE} ALTER COLUMN tsv SET STORAGE MAIN")
-    conn.exec_driver_sql(f"ALTER TABLE {TABLE} ALTER COLUMN tsv SET STATISTICS 0")
     conn.exec_driver_sql(f"CREATE INDEX memories_tsv ON {TABLE} USING gin (tsv)")
     _short_pending_list(conn)
-    conn.exec_driver_sql(f"TRUNCATE {WORDS}")
+    conn.exec_driver_sql(f"DELETE FROM {WORDS}")
     conn.exec_driver_sql(RECOUNT)
+    for role in conn.execute(sa.text(_GRANTEES), {"t": TABLE, "what": "INSERT"}).all():
+        if role.holds:
+            conn.exec_driver_sql(f"GRANT EXECUTE ON FUNCTION {IRREGULAR_BASES} TO {role.role}")
 
 
 MIGRATIONS = [

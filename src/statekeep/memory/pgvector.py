@@ -128,6 +128,8 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
             conn.exec_driver_sql(f"GRANT SELECT ON {q.SCHEMA}.memory_migrations TO {ident}")
             conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {q.TABLE}, {q.WORDS} TO {ident}")
             conn.exec_driver_sql(f"GRANT USAGE ON SEQUENCE {q.SEQUENCE} TO {ident}")
+            # every insert computes it (the text vector's irregular forms)
+            conn.exec_driver_sql(f"GRANT EXECUTE ON FUNCTION {q.IRREGULAR_BASES} TO {ident}")
             conn.exec_driver_sql(f"GRANT MAINTAIN ON {', '.join(parts)} TO {ident}")
 
     def close(self) -> None:

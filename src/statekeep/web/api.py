@@ -25,6 +25,8 @@ from statekeep.workflow.base import run_owner
 
 #: What a person decides about a wait-free run, in the order the console lists statuses.
 STATUSES = [s.value for s in RunStatus]
+#: Approvals read from the store at a time for a scoped grant's page (most may be outside its scope).
+SCOPED_BATCH = 1000
 
 
 class Decision(BaseModel):
@@ -347,26 +349,27 @@ class Api:
     ) -> list[ApprovalOut]:
         """Approvals within the grant's scope, oldest first (``status="all"`` for every one).
 
-        ``limit``: at most this many within the scope (the store is read a page of
-        ``limit`` at a time until they are found); ``after``: an approval id, the last
-        of the page before (:meth:`WorkflowStore.approvals`).
+        ``limit``: at most this many within the scope (for a scoped grant the store is
+        read :data:`SCOPED_BATCH` at a time, or ``limit`` if more, until they are found);
+        ``after``: an approval id, the last of the page before (:meth:`WorkflowStore.approvals`).
         """
         cache: dict[str, str | None] = {}
         out: list[ApprovalOut] = []
+        batch = limit if limit is None or not grant.scoped else max(limit, SCOPED_BATCH)
         while True:
             found = self.store.approvals(
                 status=None if status == "all" else status,
                 run_id=run_id,
                 kind=kind,
                 action=action,
-                limit=limit,
+                limit=batch,
                 after=after,
             )
             for a in found:
                 if self._approval_allowed(grant, a, cache):
                     out.append(self._approval_out(a, cache))
-            if limit is None or len(found) < limit or len(out) >= limit:
-                return out[:limit]
+            if batch is None or limit is None or len(found) < batch or len(out) >= limit:
+                return out[:limit]  # the next page starts after the last one returned
             after = found[-1].approval_id  # a scoped token saw fewer than a page: read on
 
     def approval(self, grant: Grant, approval_id: str) -> ApprovalOut:

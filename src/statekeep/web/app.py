@@ -379,7 +379,7 @@ def create_app(
 
         The store checks the filters (a bad status or kind is a 422; an unknown
         ``after`` a 404); a scoped token sees only the approvals within its scope.
-        A full page has a ``Link`` header to the next one (``rel="next"``: the same
+        A full page has a ``Link`` header to the next one (``rel="next"``: this path and
         query, ``after`` its last approval); the last page has none.
         """
         found = api.approvals(
@@ -388,7 +388,7 @@ def create_app(
         headers = {}
         if len(found) == limit:
             following = request.url.include_query_params(after=found[-1].approval_id)
-            headers["Link"] = f'<{following}>; rel="next"'
+            headers["Link"] = f'<{following.path}?{following.query}>; rel="next"'  # relative: proxies
         return _JSON([a.model_dump(mode="json") for a in found], headers=headers)
 
     @router.get("/approvals/{approval_id}", summary="One approval, decided or not")
