@@ -49,9 +49,21 @@ def folder_files(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.is_file()]
 
 
+def _contents(files: Iterable[Path]) -> list[bytes]:
+    """The bytes of each file still there: PostgreSQL deletes some files at any time (a database's
+    relation cache file, ``pg_internal.init``, when a catalog changes), and a file gone holds nothing."""
+    blobs = []
+    for f in files:
+        try:
+            blobs.append(f.read_bytes())
+        except FileNotFoundError:
+            continue
+    return blobs
+
+
 def plain_hits(files: Iterable[Path], markers: Iterable[str], decoded: Iterable[str] = ()) -> set[str]:
     """The markers found as plain bytes in ``files`` (or in already decoded texts)."""
-    blobs = [f.read_bytes() for f in files] + [t.encode() for t in decoded]
+    blobs = _contents(files) + [t.encode() for t in decoded]
     return {m for m in markers if any(m.encode() in blob for blob in blobs)}
 
 
@@ -59,7 +71,7 @@ def recoverable_hits(
     files: Iterable[Path], key_file: Path, owners: Iterable[str], markers: Iterable[str]
 ) -> set[str]:
     """The markers an attacker with these files and the key file recovers: plain, or sealed and opened."""
-    blobs = [f.read_bytes() for f in files]
+    blobs = _contents(files)
     keks = {k: base64.b64decode(v) for k, v in json.loads(key_file.read_text())["keys"].items()}
     deks: list[bytes] = []
     for blob in blobs:
