@@ -45,6 +45,25 @@ def assert_exact(url: str) -> Counts:
     return kept
 
 
+def at_schema(url: str, version: int) -> None:
+    """The memory schema as the first ``version`` migrations left it, with nothing in it."""
+    db = Database(url)
+    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:version])
+    db.dispose()
+
+
+def insert_raw(conn: psycopg.Connection, owner: str, texts: list[str]) -> None:
+    """Memories ``m0``, ``m1``, ... of ``owner`` as an older schema's store wrote them; each id is its key."""
+    vector = "[" + ",".join(["0.125"] * 64) + "]"
+    for i, text in enumerate(texts):
+        conn.execute(
+            f"INSERT INTO {q.TABLE} (owner, id, content, kind, source, trust, model, created_us, "
+            "embedding, dedupe_key) VALUES (%s, %s, %s, 'semantic', 'imported', 0.5, "
+            "'fake-hash-64', %s, CAST(%s AS vector), %s)",
+            (owner, f"m{i}", text, i, vector, f"m{i}"),
+        )
+
+
 def test_word_counts_follow_every_write_and_erasure(postgres_url: str) -> None:
     """Writes, duplicates, supersedes, one memory forgotten, expiry purged, an owner forgotten."""
     clock = Clock()
@@ -124,19 +143,13 @@ def test_writers_of_one_owner_at_once_keep_exact_counts_and_never_deadlock(postg
 def test_a_store_of_schema_4_gets_the_counts_of_its_memories(postgres_url: str) -> None:
     """Memories written before migration 5 are counted by it, and full-text search leaves out their
     common words: "alice" is in every memory of hers, so it finds only the memories about tea."""
-    db = Database(postgres_url)
-    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:4])
-    db.dispose()
+    at_schema(postgres_url, 4)
     with psycopg.connect(libpq(postgres_url)) as conn:
-        vector = "[" + ",".join(["0.125"] * 64) + "]"
-        texts = ["Alice drinks tea", "Alice has a dog"] + [f"Alice went to place {i}" for i in range(12)]
-        for i, text in enumerate(texts):
-            conn.execute(
-                f"INSERT INTO {q.TABLE} (owner, id, content, kind, source, trust, model, created_us, "
-                "embedding, dedupe_key) VALUES ('alice', %s, %s, 'semantic', 'imported', 0.5, "
-                "'fake-hash-64', %s, CAST(%s AS vector), %s)",
-                (f"m{i}", text, i, vector, text.lower()),
-            )
+        insert_raw(
+            conn,
+            "alice",
+            ["Alice drinks tea", "Alice has a dog"] + [f"Alice went to place {i}" for i in range(12)],
+        )
         assert conn.execute(f"SELECT to_regclass('{q.WORDS}')").fetchone() == (None,)
     store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
     kept = assert_exact(postgres_url)
@@ -158,9 +171,7 @@ def test_a_worker_role_granted_before_migration_5_keeps_working_through_it(
 
     from sqlalchemy.engine import make_url
 
-    db = Database(postgres_url)
-    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:4])
-    db.dispose()
+    at_schema(postgres_url, 4)
     name = f"{prefix}{uuid.uuid4().hex[:8]}"
     role = f'"{name}"'
     parts = ", ".join(f"{q.TABLE}_p{i}" for i in range(q.PARTITIONS))
@@ -243,9 +254,7 @@ def test_purge_rewrites_the_word_counts_when_the_schema_is_on_the_search_path(po
 def test_migration_5_counts_what_a_writer_in_flight_commits(postgres_url: str) -> None:
     """A delete of an older worker, uncommitted when the upgrade starts, is not counted: the upgrade
     waits for it before it counts (else the deleted memories' words would stay, an erased owner's too)."""
-    db = Database(postgres_url)
-    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:4])
-    db.dispose()
+    at_schema(postgres_url, 4)
     vector = "[" + ",".join(["0.125"] * 64) + "]"
     with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
         for i, text in enumerate(["Alice drinks tea", "Bob drinks coffee"]):
@@ -254,7 +263,7 @@ def test_migration_5_counts_what_a_writer_in_flight_commits(postgres_url: str) -
                 f"INSERT INTO {q.TABLE} (owner, id, content, kind, source, trust, model, created_us, "
                 "embedding, dedupe_key) VALUES (%s, %s, %s, 'semantic', 'imported', 0.5, "
                 "'fake-hash-64', %s, CAST(%s AS vector), %s)",
-                (owner, f"m{i}", text, i, vector, text.lower()),
+                (owner, f"m{i}", text, i, vector, f"m{i}"),
             )
     old_worker = psycopg.connect(libpq(postgres_url))
     old_worker.execute(f"DELETE FROM {q.TABLE} WHERE owner = 'bob'")  # its transaction stays open
@@ -291,19 +300,10 @@ def test_postgres_reads_every_irregular_form_as_its_base(postgres_url: str) -> N
 
 def test_a_store_of_schema_6_reads_irregular_forms_after_the_upgrade(postgres_url: str) -> None:
     """Migration 7 rewrites the text vectors of the memories written before, and counts their words again."""
-    db = Database(postgres_url)
-    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:6])
-    db.dispose()
+    at_schema(postgres_url, 6)
     with psycopg.connect(libpq(postgres_url)) as conn:
-        vector = "[" + ",".join(["0.125"] * 64) + "]"
         texts = ["Alice went to Paris in May", "Paris is lovely", "Alice bought a hat"]
-        for i, text in enumerate(texts):
-            conn.execute(
-                f"INSERT INTO {q.TABLE} (owner, id, content, kind, source, trust, model, created_us, "
-                "embedding, dedupe_key) VALUES ('alice', %s, %s, 'semantic', 'imported', 0.5, "
-                "'fake-hash-64', %s, CAST(%s AS vector), %s)",
-                (f"m{i}", text, i, vector, text.lower()),
-            )
+        insert_raw(conn, "alice", texts)
         conn.execute(q.COUNT_WRITTEN.replace(":owner", "'alice'").replace(":ids", "ARRAY['m0','m1','m2']"))
         assert ("alice", "go") not in assert_exact(postgres_url)
     store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
@@ -329,19 +329,12 @@ def test_migration_7_keeps_text_vectors_in_the_row_and_lets_worker_roles_insert(
 
     from sqlalchemy.engine import make_url
 
-    db = Database(postgres_url)
-    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:6])
-    db.dispose()
+    at_schema(postgres_url, 6)
     rng = random.Random(7)
     long = " ".join("".join(rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(7)) for _ in range(400))
     name = f"worker_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
-        conn.execute(
-            f"INSERT INTO {q.TABLE} (owner, id, content, kind, source, trust, model, created_us, "
-            "embedding, dedupe_key) VALUES ('alice', 'm0', %s, 'semantic', 'imported', 0.5, "
-            "'fake-hash-64', 1, CAST(%s AS vector), 'm0')",
-            (long, "[" + ",".join(["0.125"] * 64) + "]"),
-        )
+        insert_raw(conn, "alice", [long])
         conn.execute(f"CREATE ROLE {name} LOGIN PASSWORD 'pw' NOSUPERUSER NOBYPASSRLS")
         conn.execute(f"GRANT USAGE ON SCHEMA {q.SCHEMA} TO {name}")  # what grant() gave at schema 6
         conn.execute(f"GRANT SELECT ON {q.SCHEMA}.memory_migrations TO {name}")
@@ -368,9 +361,7 @@ def test_migration_7_keeps_text_vectors_in_the_row_and_lets_worker_roles_insert(
 def test_migration_7_waits_for_a_search_under_way_without_a_deadlock(postgres_url: str) -> None:
     """A search reads the word counts, then the memories; the upgrade rewrites the memories, then the
     counts. Emptying the counts with TRUNCATE would wait for the search, which waits for the upgrade."""
-    db = Database(postgres_url)
-    upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:6])
-    db.dispose()
+    at_schema(postgres_url, 6)
     errors: list[BaseException] = []
     with psycopg.connect(libpq(postgres_url)) as search:
         search.execute(f"SELECT count(*) FROM {q.WORDS}")  # the counts first, as text_sql reads them

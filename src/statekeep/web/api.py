@@ -368,8 +368,10 @@ class Api:
             for a in found:
                 if self._approval_allowed(grant, a, cache):
                     out.append(self._approval_out(a, cache))
-            if batch is None or limit is None or len(found) < batch or len(out) >= limit:
-                return out[:limit]  # the next page starts after the last one returned
+                    if len(out) == limit:
+                        return out  # the next page starts after the last one returned
+            if batch is None or len(found) < batch:
+                return out
             after = found[-1].approval_id  # a scoped token saw fewer than a page: read on
 
     def approval(self, grant: Grant, approval_id: str) -> ApprovalOut:
