@@ -86,6 +86,33 @@ def test_approvals_need_an_approver_and_resume_the_run(cli, waiting_run: str, ru
     assert runtime.resume(waiting_run).status == "completed"
 
 
+def test_approvals_list_a_page_at_a_time(cli, runtime: Runtime) -> None:  # type: ignore[no-untyped-def]
+    """--limit and --after read the approvals in pages, oldest first; a full page names the next;
+    a bad limit or an unknown id is one line."""
+    for n in range(3):
+        runtime.run(agent_app.AGENT, f"cli-page-{n}", owner=agent_app.OWNER, task="Plan a trip")
+    every = [a.approval_id for a in runtime.engine.store.approvals(status="pending")]
+    assert len(every) == 3
+    code, out = cli("approvals", "list", "--limit", "2", "--json")
+    assert code == 0
+    assert [a["approval_id"] for a in json.loads(out)] == every[:2]
+    code, out = cli("approvals", "list", "--limit", "2")
+    assert f"next page: --after {every[1]}" in out
+    code, out = cli("approvals", "list", "--limit", "2", "--after", every[1], "--json")
+    assert [a["approval_id"] for a in json.loads(out)] == every[2:]
+    code, out = cli("approvals", "list", "--limit", "2", "--after", every[1])
+    assert every[2] in out
+    assert "next page" not in out
+    code, out = cli("approvals", "list", "--json")
+    assert [a["approval_id"] for a in json.loads(out)] == every  # every one unless --limit
+    for bad, says in ((["--limit", "0"], "limit"), (["--after", "no-such-approval"], "no-such-approval")):
+        code, out = cli("approvals", "list", *bad)
+        assert code != 0
+        assert says in out
+        assert "Traceback" not in out
+        assert len(out.strip().splitlines()) == 1
+
+
 def test_reject_records_who_rejected(cli, waiting_run: str, runtime: Runtime) -> None:  # type: ignore[no-untyped-def]
     """approvals reject records the decision and its author."""
     [approval] = runtime.engine.store.approvals(run_id=waiting_run)

@@ -193,15 +193,22 @@ def _run_json(run: Run) -> dict[str, Any]:
 def approvals_list(
     run: Annotated[str | None, typer.Option("--run", help="Only this run's approvals.")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Decided ones too.")] = False,
+    limit: Annotated[
+        int | None, typer.Option(help="At most this many (up to 10000); every one if left out.")
+    ] = None,
+    after: Annotated[
+        str | None, typer.Option(help="Start after this approval id: the last of the page before.")
+    ] = None,
     json_out: JSONOut = False,
     database_url: DatabaseURL = None,
     home: Home = None,
 ) -> None:
-    """List approvals waiting for a decision, oldest first (``--all`` for every one), ids in full."""
+    """List approvals waiting for a decision, oldest first (``--all`` for every one), ids in full;
+    ``--limit`` and ``--after`` read them a page at a time."""
     store = open_workflow(database_url, home)
     if run is not None:
         store.get(run)  # an unknown run is an error, not an empty list
-    found = store.approvals(status=None if all_ else "pending", run_id=run)
+    found = store.approvals(status=None if all_ else "pending", run_id=run, limit=limit, after=after)
     if json_out:
         shown = [_approval_json(a) for a in found]
         print_json_text(json.dumps(shown, ensure_ascii=False, indent=2, default=str))
@@ -217,6 +224,8 @@ def approvals_list(
             *map(literal, (a.reason, a.status, expires)),
         )
     table.caption = f"{len(found)} {'approvals' if all_ else 'pending'}"
+    if limit is not None and len(found) == limit:
+        table.caption += f"; next page: --after {found[-1].approval_id}"
     show_table(table)
 
 
