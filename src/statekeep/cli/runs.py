@@ -194,7 +194,7 @@ def approvals_list(
     run: Annotated[str | None, typer.Option("--run", help="Only this run's approvals.")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Decided ones too.")] = False,
     limit: Annotated[
-        int | None, typer.Option(help="At most this many (up to 10000); every one if left out.")
+        int | None, typer.Option(help="At most this many (the store says its bound); every one if left out.")
     ] = None,
     after: Annotated[
         str | None, typer.Option(help="Start after this approval id: the last of the page before.")

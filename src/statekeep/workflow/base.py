@@ -1,12 +1,10 @@
 """The workflow store's contract: what a backend implements (its fenced writes: :mod:`.run_write`).
 
 A backend implements :class:`WorkflowStore` (runs, leases, the journal, the
-ledger, approvals, events) and :class:`~statekeep.workflow.run_write.RunWrite`, the
-unit of work of one fenced transaction: every write a worker makes to a run goes through
-:meth:`WorkflowStore.fenced`, which refuses the whole transaction once the
-worker's lease epoch is no longer the run's current one. The engine and the run
-context never see SQL; ``statekeep.testing`` checks that a backend keeps the
-invariants.
+ledger, approvals, events) and the :class:`~statekeep.workflow.run_write.RunWrite`
+that :meth:`WorkflowStore.fenced` hands out (that module says what fencing refuses).
+The engine and the run context never see SQL; ``statekeep.testing`` checks that a
+backend keeps the invariants.
 """
 
 from __future__ import annotations
