@@ -7,6 +7,7 @@ cosines computed here from the embedder itself, after the store is opened again.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,27 @@ def test_hybrid_search_scores_every_candidate_of_either_ranking_by_its_meaning(
     for memory in (near, worded):
         want = expected(real_embedder, memory.content, query, short=True)
         assert scores[memory.id] == pytest.approx(want, abs=1e-5)
+
+
+def test_every_write_path_stores_the_sentences_and_given_vectors_store_none(
+    make_store: StoreFactory, real_embedder: SentenceTransformerEmbedder
+) -> None:
+    """remember_many, insert (embedded by the store) and supersede keep sentence vectors as remember
+    does; insert with the caller's vectors keeps none (it has no sentences' vectors to store)."""
+    store = make_store(real_embedder)
+    many = store.remember_many("alice", [SHORT, "Alice's sister lives in Lyon."])[0]
+    old = store.remember("alice", "Alice takes salsa classes. She goes on Mondays after work.")
+    superseding = store.supersede("alice", old.id, SHORT.replace("Tuesdays", "Thursdays"))
+    embedded = store.insert([replace(many, id="imported", seq=0, content=SHORT.replace("Zumba", "tango"))])[0]
+    given = replace(many, id="given", seq=0, content=SHORT.replace("Zumba", "ballet"))
+    store.insert([given], normalize(real_embedder.embed([given.content])))
+    store = make_store(real_embedder)  # opened again: what was stored
+    got = cosines(store, "alice", [many.id, superseding.id, embedded.id, "given"], QUERY)
+    for memory in (many, superseding, embedded):
+        best = expected(real_embedder, memory.content, QUERY, short=True)
+        assert best > expected(real_embedder, memory.content, QUERY, short=False) + 0.05
+        assert got[memory.id] == pytest.approx(best, abs=1e-5), memory.id
+    assert got["given"] == pytest.approx(expected(real_embedder, given.content, QUERY, short=False), abs=1e-5)
 
 
 class Renamed:
