@@ -139,6 +139,8 @@ def test_work_across_owners_refuses_a_role_that_row_level_security_confines(post
         worker.purge_expired()
     with pytest.raises(ConfigError, match="reembed"):
         worker.reembed()
+    with pytest.raises(ConfigError, match="embed_sentences"):
+        worker.embed_sentences()
     assert admin.purge_expired() == 1  # the tables' owner sees every owner's rows
     with pytest.raises(MemoryNotFoundError):
         admin.get("alice", gone.id)

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from statekeep.errors import InvalidInputError
 from statekeep.memory import MemoryStore, SentenceTransformerEmbedder
 from statekeep.memory._sentences import (
     MAX_SENTENCES,
@@ -169,6 +170,64 @@ def test_every_write_path_stores_the_sentences_and_given_vectors_store_none(
     assert got["given"] == pytest.approx(expected(real_embedder, given.content, QUERY, short=False), abs=1e-5)
 
 
+def test_memories_stored_without_sentence_vectors_gain_them_and_keep_their_whole_vectors(
+    make_store: StoreFactory, real_embedder: SentenceTransformerEmbedder
+) -> None:
+    """embed_sentences gives the short memories of two or more sentences written without sentence
+    vectors theirs, of every owner, a batch at a time; the caller's whole vectors stay; once only."""
+    store = make_store(real_embedder)
+    store.sentence_chars = 0  # as a store before sentence vectors wrote them
+    old = store.remember("alice", SHORT)
+    single = store.remember("alice", "Alice's sister lives in Lyon.")
+    long = store.remember("alice", LONG)
+    bobs = store.remember("bob", SHORT.replace("Zumba", "tango"))
+    unrelated = normalize(real_embedder.embed(["The ferry to the island leaves at noon."]))
+    given = replace(old, id="given", seq=0, content=SHORT.replace("Zumba", "ballet"))
+    store.insert([given], unrelated)
+    store = make_store(real_embedder)
+    assert cosines(store, "alice", [old.id], QUERY)[old.id] == pytest.approx(
+        expected(real_embedder, SHORT, QUERY, short=False), abs=1e-5
+    )
+    seen: list[tuple[int, int]] = []
+    assert store.embed_sentences(batch_size=2, progress=lambda done, total: seen.append((done, total))) == 3
+    assert seen == [(2, 4), (4, 4)], "the long memory is not read; the single sentence is, and marked"
+    store = make_store(real_embedder)  # opened again: what was stored
+    got = cosines(store, "alice", [old.id, single.id, long.id, "given"], QUERY)
+    assert got[old.id] == pytest.approx(expected(real_embedder, SHORT, QUERY, short=True), abs=1e-5)
+    for memory in (single, long):
+        assert got[memory.id] == pytest.approx(
+            expected(real_embedder, memory.content, QUERY, short=False), abs=1e-5
+        )
+    query = normalize(real_embedder.embed([QUERY]))[0].astype(np.float64)
+    parts = normalize(real_embedder.embed(sentences(given.content))).astype(np.float64)
+    caller = float(unrelated[0].astype(np.float64) @ query)
+    assert got["given"] == pytest.approx(max(caller, float((parts @ query).max())), abs=1e-5)
+    ferry = "When does the ferry leave for the island?"
+    kept = cosines(store, "alice", ["given"], ferry)["given"]
+    assert kept > expected(real_embedder, given.content, ferry, short=True) + 0.2, "the caller's vector stays"
+    bob = cosines(store, "bob", [bobs.id], QUERY)[bobs.id]
+    assert bob == pytest.approx(expected(real_embedder, bobs.content, QUERY, short=True), abs=1e-5)
+    again: list[int] = []
+    assert store.embed_sentences(progress=lambda done, total: again.append(done)) == 0
+    assert again == [], "every memory read was marked split: none is read again"
+    assert {m.id for m in store.list_memories("alice")} == {old.id, single.id, long.id, "given"}
+
+
+def test_embed_sentences_refuses_a_bad_batch_size_and_a_store_without_sentences_does_nothing(
+    make_store: StoreFactory, real_embedder: SentenceTransformerEmbedder
+) -> None:
+    store = make_store(real_embedder)
+    store.sentence_chars = 0
+    store.remember("alice", SHORT)
+    for bad in (0, -1, True, 2.5, "10"):
+        with pytest.raises(InvalidInputError) as refused:
+            store.embed_sentences(batch_size=bad)  # type: ignore[arg-type]
+        assert refused.value.field == "batch_size"
+    assert store.embed_sentences() == 0, "sentence_chars 0: no memory keeps sentences"
+    store.sentence_chars = SENTENCE_CHARS
+    assert store.embed_sentences() == 1
+
+
 class Renamed:
     """The real embedder under another model name: re-embedding gives every memory new vectors."""
 
@@ -229,6 +288,8 @@ def test_a_lancedb_folder_of_the_previous_version_gains_the_sentence_column(
         new = store.remember("bob", SHORT)
         best = expected(real_embedder, SHORT, QUERY, short=True)
         assert cosines(store, "bob", [new.id], QUERY)[new.id] == pytest.approx(best, abs=1e-5)
+        assert store.embed_sentences() == 1, "the memory of the previous version gains its sentences"
+        assert cosines(store, "alice", [memory.id], QUERY)[memory.id] == pytest.approx(best, abs=1e-5)
 
 
 def test_a_postgres_store_of_schema_5_gains_the_sentence_column(postgres_url: str) -> None:
@@ -267,6 +328,8 @@ def test_a_postgres_store_of_schema_5_gains_the_sentence_column(postgres_url: st
             "a sentence is nearer the query than the whole (else this proves nothing)"
         )
         assert cosines(store, "bob", [new.id], asked)[new.id] == pytest.approx(best, abs=1e-5)
+        assert store.embed_sentences() == 1, "the memory written before migration 6 gains its sentences"
+        assert cosines(store, "alice", ["m0"], asked)["m0"] == pytest.approx(best, abs=1e-5)
     finally:
         store.close()
 

@@ -303,3 +303,22 @@ def test_memory_reembed_moves_memories_to_the_default_model(cli, settings: Setti
     assert "re-embedded 3 memories" in out
     code, out = cli("memory", "search", "ada", "what does Ada drink?", "--k", "1")
     assert "Ada drinks green tea" in out
+
+
+def test_memory_reembed_sentences_gives_old_memories_their_sentence_vectors(cli, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    """--sentences embeds the sentences of short memories stored without them; run again, none is left."""
+    from statekeep.memory import open_memory_store
+
+    with open_memory_store(settings.memory_url) as old:
+        old.sentence_chars = 0  # as a store before sentence vectors wrote them
+        old.remember_many(
+            "ada", ["Ada asked for a recipe. By the way, she keeps bees.", "Ada lives in London."]
+        )
+    code, out = cli("memory", "reembed", "--sentences")
+    assert code == 0, out
+    assert "re-embedded 0 memories" in out
+    assert "embedded the sentences of 1 memories" in out
+    code, out = cli("memory", "reembed", "--sentences")
+    assert "embedded the sentences of 0 memories" in out
+    code, out = cli("memory", "reembed")
+    assert "sentences" not in out

@@ -197,6 +197,14 @@ def write_private(path: Path, text: str, *, replace: bool) -> None:
 @memory_app.command("reembed")
 def memory_reembed(
     batch_size: Annotated[int, typer.Option(help="Memories embedded per batch.")] = 256,
+    sentences: Annotated[
+        bool,
+        typer.Option(
+            "--sentences",
+            help="Then embed the sentences of short memories stored without sentence vectors "
+            "(written by an older statekeep); whole vectors stay.",
+        ),
+    ] = False,
     embedder: EmbedderOption = None,
     database_url: DatabaseURL = None,
     home: Home = None,
@@ -212,7 +220,15 @@ def memory_reembed(
             batch_size=batch_size,
             progress=lambda done, total: progress.update(task, completed=done, total=total),
         )
+        if sentences:
+            split = progress.add_task("embedding sentences", total=None)
+            gained = store.embed_sentences(
+                batch_size=batch_size,
+                progress=lambda done, total: progress.update(split, completed=done, total=total),
+            )
     console.print(f"re-embedded {n} memories")
+    if sentences:
+        console.print(f"embedded the sentences of {gained} memories")
 
 
 # --- context ---------------------------------------------------------------------------------

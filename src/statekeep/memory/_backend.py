@@ -130,3 +130,17 @@ class MemoryBackend(ABC):
         self, model: str, keys: list[tuple[str, str]], vectors: Vectors, parts: Parts | None = None
     ) -> None:
         """Store new vectors of ``model`` (and sentence vectors) for the memories named by (owner, id)."""
+
+    def _count_unsplit(self, model: str, most_chars: int) -> int:
+        """How many memories of ``model`` of at most ``most_chars`` characters were never split into
+        sentences (``sentences`` null). Optional: a backend that keeps no sentence vectors has none."""
+        return 0
+
+    def _unsplit(self, model: str, most_chars: int, limit: int) -> list[tuple[str, str, str]]:
+        """Up to ``limit`` of those memories, in any order: (owner, id, content)."""
+        return []
+
+    def _set_sentences(self, model: str, keys: list[tuple[str, str]], parts: list[Vectors]) -> None:
+        """Store sentence vectors (an empty array: split, and none) for the memories named by (owner, id)
+        that are still of ``model`` and unsplit; their whole vectors stay as they are."""
+        raise NotImplementedError

@@ -144,6 +144,38 @@ class Rewrites:
         batch = _lance_layout.arrow_rows(updated, stacked, vectors.shape[1], _sentences.take(parts, order))
         self._table.merge_insert(["owner", "id"]).when_matched_update_all().execute(batch)
 
+    def _unsplit_clause(self, model: str, most_chars: int) -> str:
+        return f"model = {quote(model)} AND sentences IS NULL AND char_length(content) <= {int(most_chars)}"
+
+    @_lock.one_at_a_time("counting memories to split into sentences")
+    def _count_unsplit(self, model: str, most_chars: int) -> int:
+        return int(self._table.count_rows(self._unsplit_clause(model, most_chars)))
+
+    @_lock.one_at_a_time("reading memories to split into sentences")
+    def _unsplit(self, model: str, most_chars: int, limit: int) -> list[tuple[str, str, str]]:
+        found = self._table.search().where(self._unsplit_clause(model, most_chars))
+        rows = found.select(["owner", "id", "content"]).limit(limit).to_list()
+        return [(r["owner"], r["id"], r["content"]) for r in rows]
+
+    @_lock.one_at_a_time("storing sentence vectors")
+    def _set_sentences(self, model: str, keys: list[tuple[str, str]], parts: list[Vectors]) -> None:
+        self._writable()
+        self._cache.drop()
+        by_key = {key: i for i, key in enumerate(keys)}
+        ids: dict[str, list[str]] = {}
+        for owner, mid in keys:
+            ids.setdefault(owner, []).append(mid)
+        mine = " OR ".join(f"({where(owner)} AND {in_list('id', mids)})" for owner, mids in ids.items())
+        clause = f"({mine}) AND model = {quote(model)} AND sentences IS NULL"
+        rows = self._rows(clause, [*COLUMNS, "vector"])
+        if not rows:
+            return
+        memories = [from_row(r) for r in rows]
+        vectors = np.asarray([r["vector"] for r in rows], dtype=np.float32)
+        cells = [parts[by_key[(m.owner, m.id)]] for m in memories]
+        batch = _lance_layout.arrow_rows(memories, vectors, vectors.shape[1], list(cells))
+        self._table.merge_insert(["owner", "id"]).when_matched_update_all().execute(batch)
+
     def _resize(self, dimension: int) -> None:
         """Rewrite the table for vectors of another length; every memory becomes stale ('' model)."""
         rows = [from_row(r) for r in self._rows("true", list(COLUMNS))]

@@ -7,10 +7,12 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import ClassVar
 
+import numpy as np
+
 from statekeep import _check
 from statekeep.errors import InvalidInputError
 from statekeep.memory._backend import MemoryBackend
-from statekeep.memory._sentences import Parts
+from statekeep.memory._sentences import Parts, sentences
 from statekeep.memory._types import ForgetReceipt, Memory
 from statekeep.memory.embedders import Embedder, Vectors
 
@@ -27,6 +29,7 @@ class Upkeep(MemoryBackend):
 
     backend: ClassVar[str] = "base"
     embedder: Embedder
+    sentence_chars: int
 
     @abstractmethod
     def now(self) -> datetime:
@@ -35,6 +38,10 @@ class Upkeep(MemoryBackend):
     @abstractmethod
     def get(self, owner: str, memory_id: str) -> Memory:
         """One memory of the owner."""
+
+    @abstractmethod
+    def _embed(self, texts: Sequence[str]) -> Vectors:
+        """Vectors of these texts by this store's embedder, checked."""
 
     @abstractmethod
     def _embed_parts(self, texts: Sequence[str]) -> tuple[Vectors, Parts]:
@@ -154,3 +161,47 @@ class Upkeep(MemoryBackend):
             if progress is not None:
                 progress(done, total)
         return done
+
+    def embed_sentences(self, *, batch_size: int = 256, progress: Progress | None = None) -> int:
+        """Embed the sentences of the memories that would keep sentence vectors now but have none.
+
+        Memories written before sentence vectors (before LanceDB's ``sentences`` column,
+        PostgreSQL's memory migration 6), or while :attr:`sentence_chars` was lower, are
+        scored by their whole text only; this gives each one of this store's model, of at
+        most :attr:`sentence_chars` characters and of two or more sentences, its sentence
+        vectors (:mod:`._sentences`). Whole vectors stay as they are (vectors a caller gave
+        :meth:`insert` too). Each memory read is marked as split, so a second call finds
+        only what was written since. ``progress(done, total)`` is called after each batch,
+        over the memories read.
+
+        Returns:
+            How many memories gained sentence vectors.
+
+        Raises:
+            ConfigError: on pgvector, the role is one that row-level security confines
+                to a single owner; run it as the tables' owner.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidInputError("must be an int >= 1", field="batch_size")
+        model, most = self.embedder.name, self.sentence_chars
+        if most == 0:
+            return 0
+        total = self._count_unsplit(model, most)
+        read = gained = 0
+        while read < total:
+            rows = self._unsplit(model, most, batch_size)
+            if not rows:
+                break
+            split = [sentences(content) for _, _, content in rows]
+            flat = [s for ss in split for s in ss]
+            vectors = self._embed(flat) if flat else np.zeros((0, self.embedder.dimension), dtype=np.float32)
+            parts, at = [], 0
+            for ss in split:
+                parts.append(np.ascontiguousarray(vectors[at : at + len(ss)]))
+                at += len(ss)
+            self._set_sentences(model, [(owner, mid) for owner, mid, _ in rows], parts)
+            gained += sum(1 for ss in split if ss)
+            read += len(rows)
+            if progress is not None:
+                progress(read, total)
+        return gained

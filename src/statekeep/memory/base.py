@@ -100,7 +100,8 @@ class MemoryStore(Reading, Upkeep):
     def sentence_chars(self) -> int:
         """Memories of at most this many characters keep a vector per sentence (:mod:`._sentences`);
         0 keeps none. It applies to what is written from then on (stored memories keep theirs;
-        :meth:`reembed` embeds another model's memories with their sentences).
+        :meth:`reembed` embeds another model's memories with their sentences, and
+        :meth:`embed_sentences` the sentences of memories that have none).
 
         Raises:
             InvalidInputError: set to anything but an int >= 0.

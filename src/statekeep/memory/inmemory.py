@@ -177,3 +177,25 @@ class InMemoryMemoryStore(base.MemoryStore):
                 memory, _ = self._rows[owner][memory_id]
                 self._rows[owner][memory_id] = (dataclasses.replace(memory, model=model), vector.copy())
                 self._set_parts(owner, memory_id, None if parts is None else parts[i])
+
+    def _all_unsplit(self, model: str, most_chars: int) -> list[tuple[str, str, str]]:
+        with self._lock:
+            return [
+                (o, i, m.content)
+                for o, rows in self._rows.items()
+                for i, (m, _) in rows.items()
+                if m.model == model and (o, i) not in self._parts and len(m.content) <= most_chars
+            ]
+
+    def _count_unsplit(self, model: str, most_chars: int) -> int:
+        return len(self._all_unsplit(model, most_chars))
+
+    def _unsplit(self, model: str, most_chars: int, limit: int) -> list[tuple[str, str, str]]:
+        return self._all_unsplit(model, most_chars)[:limit]
+
+    def _set_sentences(self, model: str, keys: list[tuple[str, str]], parts: list[Vectors]) -> None:
+        with self._lock:
+            for (owner, memory_id), p in zip(keys, parts, strict=True):
+                row = self._rows.get(owner, {}).get(memory_id)
+                if row is not None and row[0].model == model and (owner, memory_id) not in self._parts:
+                    self._set_parts(owner, memory_id, p)

@@ -51,6 +51,8 @@ NOT_REACHED = (
     "PostgreSQL's write-ahead log (pg_wal) until its segments are recycled, and WAL archives",
     "physical and logical backups, replicas' lagging WAL, and dumps taken before the erasure",
 )
+#: Memories of a model (``:m``) never split into sentences, short enough to be (``:n`` characters).
+_UNSPLIT = "model = :m AND sentences IS NULL AND char_length(content) <= :n"
 
 
 class PgVectorMemoryStore(Pipelined, base.MemoryStore):
@@ -428,6 +430,28 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
             {"v": v, "s": None if p is None else list(p), "m": model, "o": o, "i": i}
             for (o, i), v, p in zip(keys, np.asarray(vectors), each, strict=True)
         ]
+        with self.db.begin() as conn:
+            self._driver(conn)  # vectors in binary
+            conn.execute(sa.text(sql), rows)
+
+    def _count_unsplit(self, model: str, most_chars: int) -> int:
+        with self.db.read() as conn:
+            self._sees_every_owner(conn, "embed_sentences")
+            sql = f"SELECT count(*) FROM {q.TABLE} WHERE {_UNSPLIT}"
+            return int(conn.execute(sa.text(sql), {"m": model, "n": most_chars}).scalar_one())
+
+    def _unsplit(self, model: str, most_chars: int, limit: int) -> list[tuple[str, str, str]]:
+        sql = f"SELECT owner, id, content FROM {q.TABLE} WHERE {_UNSPLIT} LIMIT :l"
+        with self.db.read() as conn:
+            found = conn.execute(sa.text(sql), {"m": model, "n": most_chars, "l": limit})
+            return [(r.owner, r.id, r.content) for r in found]
+
+    def _set_sentences(self, model: str, keys: list[tuple[str, str]], parts: list[Vectors]) -> None:
+        sql = (
+            f"UPDATE {q.TABLE} SET sentences = CAST(:s AS vector[]) "
+            "WHERE owner = :o AND id = :i AND model = :m AND sentences IS NULL"
+        )  # an empty array: split, and no sentences (so it is not read again)
+        rows = [{"s": list(p), "m": model, "o": o, "i": i} for (o, i), p in zip(keys, parts, strict=True)]
         with self.db.begin() as conn:
             self._driver(conn)  # vectors in binary
             conn.execute(sa.text(sql), rows)
