@@ -70,8 +70,9 @@ def test_sentences_are_embedded_in_the_same_call_as_the_texts_and_only_for_short
     assert calls[0][:3] == [SHORT, LONG, "Alone."]
     assert calls[0][3:] == sentences(SHORT), "the long text and the one-sentence text have none"
     assert vectors.shape == (3, 4)
-    assert parts[1] is None
-    assert parts[2] is None
+    assert parts[1] is None, "too long: never split"
+    assert parts[2] is not None
+    assert parts[2].shape == (0, 4), "split, and fewer than two sentences: none (not to be split again)"
     assert parts[0] is not None
     assert parts[0].shape == (2, 4)
     np.testing.assert_array_equal(parts[0], embed(calls[0])[3:5])
@@ -211,6 +212,60 @@ def test_memories_stored_without_sentence_vectors_gain_them_and_keep_their_whole
     assert store.embed_sentences(progress=lambda done, total: again.append(done)) == 0
     assert again == [], "every memory read was marked split: none is read again"
     assert {m.id for m in store.list_memories("alice")} == {old.id, single.id, long.id, "given"}
+
+
+def test_a_memory_forgotten_while_its_sentences_are_embedded_gives_them_to_no_other(
+    make_store: StoreFactory, real_embedder: SentenceTransformerEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forgotten, and its id reused by another memory, between the read and the write: the new
+    memory does not get the erased text's sentence vectors, and it is not counted."""
+    store = make_store(real_embedder)
+    store.sentence_chars = 0
+    secret = "Alice: my PIN is 4711. I keep the spare key under the flowerpot."
+    old = store.remember("alice", secret)
+    store.sentence_chars = SENTENCE_CHARS
+    embed = store._embed
+    other = replace(old, content="Alice: nothing to see here.", seq=0)
+    vector = normalize(real_embedder.embed([other.content]))
+
+    def forget_and_reuse_first(texts: Sequence[str]) -> Any:
+        monkeypatch.setattr(store, "_embed", embed)
+        store.forget_one("alice", old.id)
+        store.insert([other], vector)
+        return embed(texts)
+
+    monkeypatch.setattr(store, "_embed", forget_and_reuse_first)
+    assert store.embed_sentences() == 0
+    asked = "Where is the spare key?"
+    got = cosines(make_store(real_embedder), "alice", [old.id], asked)[old.id]
+    assert got == pytest.approx(expected(real_embedder, other.content, asked, short=False), abs=1e-5)
+    assert got < expected(real_embedder, secret, asked, short=True) - 0.1, "the erased text's sentences"
+
+
+def test_a_read_only_store_refuses_to_embed_sentences_before_embedding_anything(
+    tmp_path: Path, real_embedder: SentenceTransformerEmbedder
+) -> None:
+    from statekeep.memory.lancedb import LanceDBMemoryStore
+
+    with LanceDBMemoryStore(tmp_path / "m", real_embedder) as writer:
+        writer.sentence_chars = 0
+        writer.remember("alice", SHORT)
+    calls: list[int] = []
+
+    class Counting:
+        name, dimension = real_embedder.name, real_embedder.dimension
+
+        def embed(self, texts: Sequence[str]) -> Any:
+            calls.append(len(texts))
+            return real_embedder.embed(texts)
+
+    with (
+        LanceDBMemoryStore(tmp_path / "m", Counting(), read_only=True) as reader,
+        pytest.raises(InvalidInputError) as refused,
+    ):
+        reader.embed_sentences()
+    assert refused.value.field == "read_only"
+    assert calls == [], "nothing was embedded for nothing"
 
 
 def test_embed_sentences_refuses_a_bad_batch_size_and_a_store_without_sentences_does_nothing(

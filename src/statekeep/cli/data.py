@@ -202,7 +202,7 @@ def memory_reembed(
         typer.Option(
             "--sentences",
             help="Then embed the sentences of short memories stored without sentence vectors "
-            "(written by an older statekeep); whole vectors stay.",
+            "(by an older statekeep, or inserted with vectors given); whole vectors stay.",
         ),
     ] = False,
     embedder: EmbedderOption = None,

@@ -140,7 +140,9 @@ class MemoryBackend(ABC):
         """Up to ``limit`` of those memories, in any order: (owner, id, content)."""
         return []
 
-    def _set_sentences(self, model: str, keys: list[tuple[str, str]], parts: list[Vectors]) -> None:
-        """Store sentence vectors (an empty array: split, and none) for the memories named by (owner, id)
-        that are still of ``model`` and unsplit; their whole vectors stay as they are."""
+    def _set_sentences(self, model: str, rows: list[tuple[str, str, str]], parts: list[Vectors]) -> int:
+        """Store sentence vectors (an empty array: split, and none) for the memories named by
+        (owner, id, content) that still hold that content, are of ``model`` and are unsplit; their
+        whole vectors stay as they are. Returns how many it stored (a memory forgotten meanwhile,
+        or another under its id, is left alone)."""
         raise NotImplementedError

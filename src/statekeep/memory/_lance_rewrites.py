@@ -149,6 +149,7 @@ class Rewrites:
 
     @_lock.one_at_a_time("counting memories to split into sentences")
     def _count_unsplit(self, model: str, most_chars: int) -> int:
+        self._writable()  # before anything is embedded
         return int(self._table.count_rows(self._unsplit_clause(model, most_chars)))
 
     @_lock.one_at_a_time("reading memories to split into sentences")
@@ -158,23 +159,28 @@ class Rewrites:
         return [(r["owner"], r["id"], r["content"]) for r in rows]
 
     @_lock.one_at_a_time("storing sentence vectors")
-    def _set_sentences(self, model: str, keys: list[tuple[str, str]], parts: list[Vectors]) -> None:
+    def _set_sentences(self, model: str, rows: list[tuple[str, str, str]], parts: list[Vectors]) -> int:
         self._writable()
         self._cache.drop()
-        by_key = {key: i for i, key in enumerate(keys)}
+        by_key = {(o, i, c): n for n, (o, i, c) in enumerate(rows)}
         ids: dict[str, list[str]] = {}
-        for owner, mid in keys:
+        for owner, mid, _ in rows:
             ids.setdefault(owner, []).append(mid)
         mine = " OR ".join(f"({where(owner)} AND {in_list('id', mids)})" for owner, mids in ids.items())
         clause = f"({mine}) AND model = {quote(model)} AND sentences IS NULL"
-        rows = self._rows(clause, [*COLUMNS, "vector"])
-        if not rows:
-            return
-        memories = [from_row(r) for r in rows]
-        vectors = np.asarray([r["vector"] for r in rows], dtype=np.float32)
-        cells = [parts[by_key[(m.owner, m.id)]] for m in memories]
-        batch = _lance_layout.arrow_rows(memories, vectors, vectors.shape[1], list(cells))
+        found = [
+            r
+            for r in self._rows(clause, [*COLUMNS, "vector"])
+            if (r["owner"], r["id"], r["content"]) in by_key
+        ]
+        if not found:
+            return 0
+        memories = [from_row(r) for r in found]
+        vectors = np.asarray([r["vector"] for r in found], dtype=np.float32)
+        cells: Parts = [parts[by_key[(m.owner, m.id, m.content)]] for m in memories]
+        batch = _lance_layout.arrow_rows(memories, vectors, vectors.shape[1], cells)
         self._table.merge_insert(["owner", "id"]).when_matched_update_all().execute(batch)
+        return len(found)
 
     def _resize(self, dimension: int) -> None:
         """Rewrite the table for vectors of another length; every memory becomes stale ('' model)."""

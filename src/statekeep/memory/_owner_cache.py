@@ -105,7 +105,7 @@ class OwnerRows:
         """These rows and ``memories`` just written (their vectors in ``vectors``, sentences in ``parts``)."""
         sentences = dict(self.sentences)
         for m, p in zip(memories, parts or [None] * len(memories), strict=True):
-            if p is not None:
+            if p is not None and len(p):  # as read back (an empty cell: no sentences)
                 sentences[m.id] = p
         matrix = np.concatenate([self.matrix, vectors])
         return replace(held_rows(self.memories + memories, matrix, sentences), words=self.words)

@@ -35,7 +35,8 @@ MIN_WORDS = 4
 SENTENCE_CHARS = 600
 #: Sentences embedded per memory, at most (its first ones).
 MAX_SENTENCES = 16
-#: The sentence vectors of each memory of a batch (rows of unit vectors), None for a memory without.
+#: The sentence vectors of each memory of a batch (rows of unit vectors; none: a memory split into
+#: fewer than two sentences), None for a memory never split (too long, or a store without sentences).
 Parts = list[Vectors | None]
 
 
@@ -71,11 +72,13 @@ def embed_with_sentences(
     embed: Callable[[Sequence[str]], Vectors], texts: Sequence[str], most_chars: int
 ) -> tuple[Vectors, Parts]:
     """The vectors of ``texts`` and of the sentences of each text of at most ``most_chars``
-    characters (0: no sentences), in one call of ``embed``; for at most :data:`.embedders.FEW`
+    characters (0: no sentences), in one call of ``embed``. A text split into fewer than two
+    sentences gets an empty array (split, and none), a longer one None (never split: what
+    ``MemoryStore.embed_sentences`` looks for); for at most :data:`.embedders.FEW`
     memories, in calls of at most that many texts, which the default embedder runs in numpy
     (one ``remember`` never loads torch, however many sentences its memory has)."""
-    split = [sentences(t) if len(t) <= most_chars else [] for t in texts]
-    flat = [s for ss in split for s in ss]
+    split = [sentences(t) if len(t) <= most_chars else None for t in texts]
+    flat = [s for ss in split if ss for s in ss]
     everything = [*texts, *flat]
     if len(texts) <= FEW < len(everything):  # a few memories: FEW texts a call, in numpy, never torch
         vectors = np.concatenate([embed(everything[i : i + FEW]) for i in range(0, len(everything), FEW)])
@@ -83,9 +86,9 @@ def embed_with_sentences(
         vectors = embed(everything)
     parts: Parts = []
     at = len(texts)
-    for ss in split:
-        parts.append(vectors[at : at + len(ss)].copy() if ss else None)
-        at += len(ss)
+    for ss in split:  # None: not split (too long); empty: split, and fewer than two sentences
+        parts.append(None if ss is None else vectors[at : at + len(ss)].copy())
+        at += len(ss or ())
     return np.ascontiguousarray(vectors[: len(texts)]), parts
 
 

@@ -169,10 +169,11 @@ class Upkeep(MemoryBackend):
         PostgreSQL's memory migration 6), or while :attr:`sentence_chars` was lower, are
         scored by their whole text only; this gives each one of this store's model, of at
         most :attr:`sentence_chars` characters and of two or more sentences, its sentence
-        vectors (:mod:`._sentences`). Whole vectors stay as they are (vectors a caller gave
-        :meth:`insert` too). Each memory read is marked as split, so a second call finds
-        only what was written since. ``progress(done, total)`` is called after each batch,
-        over the memories read.
+        vectors (:mod:`._sentences`). Whole vectors stay as they are; a memory stored by
+        :meth:`insert` with the caller's vectors gains sentence vectors of this store's
+        embedder too. Each memory read is marked as split, so a second call finds only
+        what was written since without sentences. ``progress(done, total)`` is called
+        after each batch, over the memories read.
 
         Returns:
             How many memories gained sentence vectors.
@@ -197,11 +198,15 @@ class Upkeep(MemoryBackend):
             vectors = self._embed(flat) if flat else np.zeros((0, self.embedder.dimension), dtype=np.float32)
             parts, at = [], 0
             for ss in split:
-                parts.append(np.ascontiguousarray(vectors[at : at + len(ss)]))
+                parts.append(vectors[at : at + len(ss)].copy())
                 at += len(ss)
-            self._set_sentences(model, [(owner, mid) for owner, mid, _ in rows], parts)
-            gained += sum(1 for ss in split if ss)
+            some = [n for n, ss in enumerate(split) if ss]
+            none = [n for n, ss in enumerate(split) if not ss]
+            if some:  # a memory forgotten meanwhile, or another under its id, is not counted
+                gained += self._set_sentences(model, [rows[n] for n in some], [parts[n] for n in some])
+            if none:  # marked split, so that they are not read again
+                self._set_sentences(model, [rows[n] for n in none], [parts[n] for n in none])
             read += len(rows)
             if progress is not None:
-                progress(read, total)
+                progress(min(read, total), total)
         return gained

@@ -446,12 +446,18 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
             found = conn.execute(sa.text(sql), {"m": model, "n": most_chars, "l": limit})
             return [(r.owner, r.id, r.content) for r in found]
 
-    def _set_sentences(self, model: str, keys: list[tuple[str, str]], parts: list[Vectors]) -> None:
+    def _set_sentences(self, model: str, rows: list[tuple[str, str, str]], parts: list[Vectors]) -> int:
         sql = (
-            f"UPDATE {q.TABLE} SET sentences = CAST(:s AS vector[]) "
-            "WHERE owner = :o AND id = :i AND model = :m AND sentences IS NULL"
+            f"UPDATE {q.TABLE} SET sentences = CAST(:s AS vector[]) WHERE owner = :o AND id = :i "
+            "AND content = :c AND model = :m AND sentences IS NULL"
         )  # an empty array: split, and no sentences (so it is not read again)
-        rows = [{"s": list(p), "m": model, "o": o, "i": i} for (o, i), p in zip(keys, parts, strict=True)]
+        params = [
+            {"s": list(p), "m": model, "o": o, "i": i, "c": c}
+            for (o, i, c), p in zip(rows, parts, strict=True)
+        ]
+        stored = 0
         with self.db.begin() as conn:
             self._driver(conn)  # vectors in binary
-            conn.execute(sa.text(sql), rows)
+            for one in params:  # one statement each: the rows it changed are counted
+                stored += conn.execute(sa.text(sql), one).rowcount
+        return stored
