@@ -305,6 +305,31 @@ def test_re_embedding_stores_the_sentence_vectors_of_the_new_model(
     assert got[short.id] == pytest.approx(expected(real_embedder, SHORT, QUERY, short=True), abs=1e-5)
 
 
+def test_a_memory_forgotten_while_it_is_re_embedded_gives_its_vectors_to_no_other(
+    make_store: StoreFactory, real_embedder: SentenceTransformerEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forgotten, and its id reused, between reembed's read and its write: the new memory keeps
+    its own vectors, not the erased text's."""
+    secret = "Alice: my PIN is 4711. I keep the spare key under the flowerpot."
+    old = make_store(real_embedder).remember("alice", secret)
+    store = make_store(Renamed(real_embedder))
+    embed = store._embed
+    other = replace(old, content="Alice: nothing to see here.", seq=0, model="renamed-minilm")
+
+    def forget_and_reuse_first(texts: Sequence[str]) -> Any:
+        monkeypatch.setattr(store, "_embed", embed)
+        store.forget_one("alice", old.id)
+        store.insert([other])
+        return embed(texts)
+
+    monkeypatch.setattr(store, "_embed", forget_and_reuse_first)
+    store.reembed()
+    asked = "Where is the spare key?"
+    got = cosines(make_store(Renamed(real_embedder)), "alice", [old.id], asked)[old.id]
+    assert got == pytest.approx(expected(real_embedder, other.content, asked, short=True), abs=1e-5)
+    assert got < expected(real_embedder, secret, asked, short=False) - 0.1, "the erased text's vector"
+
+
 def test_a_store_without_sentences_scores_by_the_whole_text(
     make_store: StoreFactory, real_embedder: SentenceTransformerEmbedder
 ) -> None:

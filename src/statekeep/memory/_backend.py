@@ -127,9 +127,11 @@ class MemoryBackend(ABC):
 
     @abstractmethod
     def _set_vectors(
-        self, model: str, keys: list[tuple[str, str]], vectors: Vectors, parts: Parts | None = None
+        self, model: str, rows: list[tuple[str, str, str]], vectors: Vectors, parts: Parts | None = None
     ) -> None:
-        """Store new vectors of ``model`` (and sentence vectors) for the memories named by (owner, id)."""
+        """Store new vectors of ``model`` (and sentence vectors) for the memories named by (owner, id,
+        content), as :meth:`_stale` returned them, that still hold that content: one forgotten since,
+        its id reused by another memory, must not get vectors of the erased text."""
 
     def _count_unsplit(self, model: str, most_chars: int) -> int:
         """How many memories of ``model`` of at most ``most_chars`` characters were never split into

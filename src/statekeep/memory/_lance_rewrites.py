@@ -125,21 +125,25 @@ class Rewrites:
 
     @_lock.one_at_a_time("storing re-embedded vectors")
     def _set_vectors(
-        self, model: str, keys: list[tuple[str, str]], vectors: Vectors, parts: Parts | None = None
+        self, model: str, rows: list[tuple[str, str, str]], vectors: Vectors, parts: Parts | None = None
     ) -> None:
         self._writable()
         self._cache.drop()
         if self._dimension != vectors.shape[1]:
             self._resize(vectors.shape[1])
-        # ids are unique per owner only: each row is found, and matched, by its owner and id
-        by_key = {key: i for i, key in enumerate(keys)}
+        # ids are unique per owner only: each row is found, and matched, by its owner and id, and it
+        # must still hold the text embedded (not be another memory under a forgotten one's id)
+        by_key = {key: i for i, key in enumerate(rows)}
         ids: dict[str, list[str]] = {}
-        for owner, mid in keys:
+        for owner, mid, _ in rows:
             ids.setdefault(owner, []).append(mid)
         clause = " OR ".join(f"({where(owner)} AND {in_list('id', mids)})" for owner, mids in ids.items())
-        rows = [from_row(r) for r in self._rows(clause, list(COLUMNS))]
-        updated = [Memory(**{**_fields(m), "model": model}) for m in rows]
-        order = [by_key[(m.owner, m.id)] for m in rows]
+        found = [from_row(r) for r in self._rows(clause, list(COLUMNS))]
+        found = [m for m in found if (m.owner, m.id, m.content) in by_key]
+        if not found:
+            return
+        updated = [Memory(**{**_fields(m), "model": model}) for m in found]
+        order = [by_key[(m.owner, m.id, m.content)] for m in found]
         stacked = vectors[order]
         batch = _lance_layout.arrow_rows(updated, stacked, vectors.shape[1], _sentences.take(parts, order))
         self._table.merge_insert(["owner", "id"]).when_matched_update_all().execute(batch)

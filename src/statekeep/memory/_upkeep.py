@@ -156,7 +156,7 @@ class Upkeep(MemoryBackend):
             if not rows:
                 break
             vectors, parts = self._embed_parts([content for _, _, content in rows])
-            self._set_vectors(model, [(owner, mid) for owner, mid, _ in rows], vectors, parts)
+            self._set_vectors(model, rows, vectors, parts)
             done += len(rows)
             if progress is not None:
                 progress(done, total)

@@ -170,11 +170,14 @@ class InMemoryMemoryStore(base.MemoryStore):
         return self._all_stale(model)[:limit]
 
     def _set_vectors(
-        self, model: str, keys: list[tuple[str, str]], vectors: Vectors, parts: Parts | None = None
+        self, model: str, rows: list[tuple[str, str, str]], vectors: Vectors, parts: Parts | None = None
     ) -> None:
         with self._lock:
-            for i, ((owner, memory_id), vector) in enumerate(zip(keys, vectors, strict=True)):
-                memory, _ = self._rows[owner][memory_id]
+            for i, ((owner, memory_id, content), vector) in enumerate(zip(rows, vectors, strict=True)):
+                row = self._rows.get(owner, {}).get(memory_id)
+                if row is None or row[0].content != content:
+                    continue  # forgotten since (and its id perhaps reused)
+                memory = row[0]
                 self._rows[owner][memory_id] = (dataclasses.replace(memory, model=model), vector.copy())
                 self._set_parts(owner, memory_id, None if parts is None else parts[i])
 

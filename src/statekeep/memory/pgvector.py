@@ -418,21 +418,21 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
             return [(r.owner, r.id, r.content) for r in conn.execute(sa.text(sql), {"m": model, "n": limit})]
 
     def _set_vectors(
-        self, model: str, keys: list[tuple[str, str]], vectors: Vectors, parts: Parts | None = None
+        self, model: str, rows: list[tuple[str, str, str]], vectors: Vectors, parts: Parts | None = None
     ) -> None:
         self._ensure_index(model, vectors.shape[1])
         sql = (
             f"UPDATE {q.TABLE} SET embedding = CAST(:v AS vector), sentences = CAST(:s AS vector[]), "
-            "model = :m WHERE owner = :o AND id = :i"
+            "model = :m WHERE owner = :o AND id = :i AND content = :c"
         )
-        each = parts or [None] * len(keys)
-        rows = [
-            {"v": v, "s": None if p is None else list(p), "m": model, "o": o, "i": i}
-            for (o, i), v, p in zip(keys, np.asarray(vectors), each, strict=True)
+        each = parts or [None] * len(rows)
+        params = [
+            {"v": v, "s": None if p is None else list(p), "m": model, "o": o, "i": i, "c": c}
+            for (o, i, c), v, p in zip(rows, np.asarray(vectors), each, strict=True)
         ]
         with self.db.begin() as conn:
             self._driver(conn)  # vectors in binary
-            conn.execute(sa.text(sql), rows)
+            conn.execute(sa.text(sql), params)
 
     def _count_unsplit(self, model: str, most_chars: int) -> int:
         with self.db.read() as conn:
