@@ -25,7 +25,7 @@ from statekeep.memory._sentences import (
     embed_with_sentences,
     sentences,
 )
-from statekeep.memory._types import Filters
+from statekeep.memory._types import Filters, Memory
 from statekeep.memory.embedders import normalize
 from tests.memory.conftest import StoreFactory
 
@@ -214,6 +214,28 @@ def test_memories_stored_without_sentence_vectors_gain_them_and_keep_their_whole
     assert {m.id for m in store.list_memories("alice")} == {old.id, single.id, long.id, "given"}
 
 
+#: An erased memory's text, a question about it, and the text of another memory given its id after.
+SECRET = "Alice: my PIN is 4711. I keep the spare key under the flowerpot."
+ASKED_SECRET = "Where is the spare key?"
+HARMLESS = "Alice: nothing to see here."
+
+
+def reuse_id_at_the_first_embedding(
+    monkeypatch: pytest.MonkeyPatch, store: MemoryStore, old: Memory, other: Memory, vectors: Any = None
+) -> None:
+    """At the store's next embedding (after it read ``old``), forget ``old`` and insert ``other``
+    under its id, as a caller reusing the id may."""
+    embed = store._embed
+
+    def forget_and_reuse_first(texts: Sequence[str]) -> Any:
+        monkeypatch.setattr(store, "_embed", embed)
+        store.forget_one(old.owner, old.id)
+        store.insert([other], vectors)
+        return embed(texts)
+
+    monkeypatch.setattr(store, "_embed", forget_and_reuse_first)
+
+
 def test_a_memory_forgotten_while_its_sentences_are_embedded_gives_them_to_no_other(
     make_store: StoreFactory, real_embedder: SentenceTransformerEmbedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -221,25 +243,18 @@ def test_a_memory_forgotten_while_its_sentences_are_embedded_gives_them_to_no_ot
     memory does not get the erased text's sentence vectors, and it is not counted."""
     store = make_store(real_embedder)
     store.sentence_chars = 0
-    secret = "Alice: my PIN is 4711. I keep the spare key under the flowerpot."
-    old = store.remember("alice", secret)
+    old = store.remember("alice", SECRET)
     store.sentence_chars = SENTENCE_CHARS
-    embed = store._embed
-    other = replace(old, content="Alice: nothing to see here.", seq=0)
-    vector = normalize(real_embedder.embed([other.content]))
-
-    def forget_and_reuse_first(texts: Sequence[str]) -> Any:
-        monkeypatch.setattr(store, "_embed", embed)
-        store.forget_one("alice", old.id)
-        store.insert([other], vector)
-        return embed(texts)
-
-    monkeypatch.setattr(store, "_embed", forget_and_reuse_first)
+    other = replace(old, content=HARMLESS, seq=0)
+    reuse_id_at_the_first_embedding(
+        monkeypatch, store, old, other, normalize(real_embedder.embed([HARMLESS]))
+    )
     assert store.embed_sentences() == 0
-    asked = "Where is the spare key?"
-    got = cosines(make_store(real_embedder), "alice", [old.id], asked)[old.id]
-    assert got == pytest.approx(expected(real_embedder, other.content, asked, short=False), abs=1e-5)
-    assert got < expected(real_embedder, secret, asked, short=True) - 0.1, "the erased text's sentences"
+    got = cosines(make_store(real_embedder), "alice", [old.id], ASKED_SECRET)[old.id]
+    assert got == pytest.approx(expected(real_embedder, HARMLESS, ASKED_SECRET, short=False), abs=1e-5)
+    assert got < expected(real_embedder, SECRET, ASKED_SECRET, short=True) - 0.1, (
+        "the erased text's sentences"
+    )
 
 
 def test_a_read_only_store_refuses_to_embed_sentences_before_embedding_anything(
@@ -310,24 +325,14 @@ def test_a_memory_forgotten_while_it_is_re_embedded_gives_its_vectors_to_no_othe
 ) -> None:
     """Forgotten, and its id reused, between reembed's read and its write: the new memory keeps
     its own vectors, not the erased text's."""
-    secret = "Alice: my PIN is 4711. I keep the spare key under the flowerpot."
-    old = make_store(real_embedder).remember("alice", secret)
+    old = make_store(real_embedder).remember("alice", SECRET)
     store = make_store(Renamed(real_embedder))
-    embed = store._embed
-    other = replace(old, content="Alice: nothing to see here.", seq=0, model="renamed-minilm")
-
-    def forget_and_reuse_first(texts: Sequence[str]) -> Any:
-        monkeypatch.setattr(store, "_embed", embed)
-        store.forget_one("alice", old.id)
-        store.insert([other])
-        return embed(texts)
-
-    monkeypatch.setattr(store, "_embed", forget_and_reuse_first)
+    other = replace(old, content=HARMLESS, seq=0, model="renamed-minilm")
+    reuse_id_at_the_first_embedding(monkeypatch, store, old, other)
     store.reembed()
-    asked = "Where is the spare key?"
-    got = cosines(make_store(Renamed(real_embedder)), "alice", [old.id], asked)[old.id]
-    assert got == pytest.approx(expected(real_embedder, other.content, asked, short=True), abs=1e-5)
-    assert got < expected(real_embedder, secret, asked, short=False) - 0.1, "the erased text's vector"
+    got = cosines(make_store(Renamed(real_embedder)), "alice", [old.id], ASKED_SECRET)[old.id]
+    assert got == pytest.approx(expected(real_embedder, HARMLESS, ASKED_SECRET, short=True), abs=1e-5)
+    assert got < expected(real_embedder, SECRET, ASKED_SECRET, short=False) - 0.1, "the erased text's vector"
 
 
 def test_a_store_without_sentences_scores_by_the_whole_text(

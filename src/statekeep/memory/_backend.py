@@ -142,9 +142,11 @@ class MemoryBackend(ABC):
         """Up to ``limit`` of those memories, in any order: (owner, id, content)."""
         return []
 
-    def _set_sentences(self, model: str, rows: list[tuple[str, str, str]], parts: list[Vectors]) -> int:
+    def _set_sentences(
+        self, model: str, rows: list[tuple[str, str, str]], parts: list[Vectors]
+    ) -> set[tuple[str, str]]:
         """Store sentence vectors (an empty array: split, and none) for the memories named by
         (owner, id, content) that still hold that content, are of ``model`` and are unsplit; their
-        whole vectors stay as they are. Returns how many it stored (a memory forgotten meanwhile,
-        or another under its id, is left alone)."""
+        whole vectors stay as they are. Returns the (owner, id) of those it stored (a memory
+        forgotten meanwhile, or another under its id, is left alone)."""
         raise NotImplementedError

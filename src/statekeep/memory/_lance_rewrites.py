@@ -131,15 +131,8 @@ class Rewrites:
         self._cache.drop()
         if self._dimension != vectors.shape[1]:
             self._resize(vectors.shape[1])
-        # ids are unique per owner only: each row is found, and matched, by its owner and id, and it
-        # must still hold the text embedded (not be another memory under a forgotten one's id)
         by_key = {key: i for i, key in enumerate(rows)}
-        ids: dict[str, list[str]] = {}
-        for owner, mid, _ in rows:
-            ids.setdefault(owner, []).append(mid)
-        clause = " OR ".join(f"({where(owner)} AND {in_list('id', mids)})" for owner, mids in ids.items())
-        found = [from_row(r) for r in self._rows(clause, list(COLUMNS))]
-        found = [m for m in found if (m.owner, m.id, m.content) in by_key]
+        found = [from_row(r) for r in self._rows_still(rows, "true", list(COLUMNS))]
         if not found:
             return
         updated = [Memory(**{**_fields(m), "model": model}) for m in found]
@@ -163,28 +156,41 @@ class Rewrites:
         return [(r["owner"], r["id"], r["content"]) for r in rows]
 
     @_lock.one_at_a_time("storing sentence vectors")
-    def _set_sentences(self, model: str, rows: list[tuple[str, str, str]], parts: list[Vectors]) -> int:
+    def _set_sentences(
+        self, model: str, rows: list[tuple[str, str, str]], parts: list[Vectors]
+    ) -> set[tuple[str, str]]:
         self._writable()
         self._cache.drop()
-        by_key = {(o, i, c): n for n, (o, i, c) in enumerate(rows)}
-        ids: dict[str, list[str]] = {}
-        for owner, mid, _ in rows:
-            ids.setdefault(owner, []).append(mid)
-        mine = " OR ".join(f"({where(owner)} AND {in_list('id', mids)})" for owner, mids in ids.items())
-        clause = f"({mine}) AND model = {quote(model)} AND sentences IS NULL"
-        found = [
-            r
-            for r in self._rows(clause, [*COLUMNS, "vector"])
-            if (r["owner"], r["id"], r["content"]) in by_key
-        ]
+        by_key = {key: n for n, key in enumerate(rows)}
+        unsplit = f"model = {quote(model)} AND sentences IS NULL"
+        found = self._rows_still(rows, unsplit, [*COLUMNS, "vector"])
         if not found:
-            return 0
+            return set()
         memories = [from_row(r) for r in found]
         vectors = np.asarray([r["vector"] for r in found], dtype=np.float32)
         cells: Parts = [parts[by_key[(m.owner, m.id, m.content)]] for m in memories]
         batch = _lance_layout.arrow_rows(memories, vectors, vectors.shape[1], cells)
         self._table.merge_insert(["owner", "id"]).when_matched_update_all().execute(batch)
-        return len(found)
+        return {(m.owner, m.id) for m in memories}
+
+    def _rows_still(
+        self, rows: list[tuple[str, str, str]], clause: str, columns: list[str]
+    ) -> list[dict[str, Any]]:
+        """The rows named by (owner, id, content) that ``clause`` selects and still hold that content.
+
+        Ids are unique per owner only: each row is found by its owner and id, and it must still
+        hold the text embedded (not be another memory under a forgotten one's id).
+        """
+        ids: dict[str, list[str]] = {}
+        for owner, mid, _ in rows:
+            ids.setdefault(owner, []).append(mid)
+        mine = " OR ".join(f"({where(owner)} AND {in_list('id', mids)})" for owner, mids in ids.items())
+        wanted = set(rows)
+        return [
+            r
+            for r in self._rows(f"({mine}) AND {clause}", columns)
+            if (r["owner"], r["id"], r["content"]) in wanted
+        ]
 
     def _resize(self, dimension: int) -> None:
         """Rewrite the table for vectors of another length; every memory becomes stale ('' model)."""

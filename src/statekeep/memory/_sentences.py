@@ -84,12 +84,28 @@ def embed_with_sentences(
         vectors = np.concatenate([embed(everything[i : i + FEW]) for i in range(0, len(everything), FEW)])
     else:
         vectors = embed(everything)
+    return np.ascontiguousarray(vectors[: len(texts)]), _cut(vectors, split, len(texts))
+
+
+def sentence_vectors_of(
+    embed: Callable[[Sequence[str]], Vectors], texts: Sequence[str], dimension: int
+) -> list[Vectors]:
+    """The sentence vectors of each text (an empty array for one of fewer than two sentences),
+    in one call of ``embed`` (none when no text has sentences)."""
+    split = [sentences(t) for t in texts]
+    flat = [s for ss in split for s in ss]
+    vectors = embed(flat) if flat else np.zeros((0, dimension), dtype=np.float32)
+    return [p for p in _cut(vectors, split, 0) if p is not None]
+
+
+def _cut(vectors: Vectors, split: Sequence[list[str] | None], at: int) -> Parts:
+    """Each text's rows of ``vectors`` (its sentences', from row ``at`` on, in order), or None for a
+    text not split (too long); an empty array for one split into fewer than two sentences."""
     parts: Parts = []
-    at = len(texts)
-    for ss in split:  # None: not split (too long); empty: split, and fewer than two sentences
+    for ss in split:
         parts.append(None if ss is None else vectors[at : at + len(ss)].copy())
         at += len(ss or ())
-    return np.ascontiguousarray(vectors[: len(texts)]), parts
+    return parts
 
 
 def best_cosines(wholes: Vectors, parts: Sequence[Vectors | None], vector: Vectors) -> list[float]:

@@ -7,12 +7,10 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import ClassVar
 
-import numpy as np
-
 from statekeep import _check
 from statekeep.errors import InvalidInputError
 from statekeep.memory._backend import MemoryBackend
-from statekeep.memory._sentences import Parts, sentences
+from statekeep.memory._sentences import Parts, sentence_vectors_of
 from statekeep.memory._types import ForgetReceipt, Memory
 from statekeep.memory.embedders import Embedder, Vectors
 
@@ -193,19 +191,11 @@ class Upkeep(MemoryBackend):
             rows = self._unsplit(model, most, batch_size)
             if not rows:
                 break
-            split = [sentences(content) for _, _, content in rows]
-            flat = [s for ss in split for s in ss]
-            vectors = self._embed(flat) if flat else np.zeros((0, self.embedder.dimension), dtype=np.float32)
-            parts, at = [], 0
-            for ss in split:
-                parts.append(vectors[at : at + len(ss)].copy())
-                at += len(ss)
-            some = [n for n, ss in enumerate(split) if ss]
-            none = [n for n, ss in enumerate(split) if not ss]
-            if some:  # a memory forgotten meanwhile, or another under its id, is not counted
-                gained += self._set_sentences(model, [rows[n] for n in some], [parts[n] for n in some])
-            if none:  # marked split, so that they are not read again
-                self._set_sentences(model, [rows[n] for n in none], [parts[n] for n in none])
+            parts = sentence_vectors_of(self._embed, [c for _, _, c in rows], self.embedder.dimension)
+            stored = self._set_sentences(model, rows, parts)  # marks the ones of no sentences split too
+            gained += sum(
+                1 for (owner, mid, _), p in zip(rows, parts, strict=True) if len(p) and (owner, mid) in stored
+            )
             read += len(rows)
             if progress is not None:
                 progress(min(read, total), total)

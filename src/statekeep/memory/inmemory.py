@@ -196,14 +196,15 @@ class InMemoryMemoryStore(base.MemoryStore):
     def _unsplit(self, model: str, most_chars: int, limit: int) -> list[tuple[str, str, str]]:
         return self._all_unsplit(model, most_chars)[:limit]
 
-    def _set_sentences(self, model: str, rows: list[tuple[str, str, str]], parts: list[Vectors]) -> int:
-        stored = 0
+    def _set_sentences(
+        self, model: str, rows: list[tuple[str, str, str]], parts: list[Vectors]
+    ) -> set[tuple[str, str]]:
+        stored = set()
         with self._lock:
             for (owner, memory_id, content), p in zip(rows, parts, strict=True):
                 row = self._rows.get(owner, {}).get(memory_id)
-                if row is None or row[0].model != model or row[0].content != content:
-                    continue
-                if (owner, memory_id) not in self._parts:
+                same = row is not None and row[0].model == model and row[0].content == content
+                if same and (owner, memory_id) not in self._parts:
                     self._set_parts(owner, memory_id, p)
-                    stored += 1
+                    stored.add((owner, memory_id))
         return stored

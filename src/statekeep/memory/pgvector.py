@@ -446,18 +446,17 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
             found = conn.execute(sa.text(sql), {"m": model, "n": most_chars, "l": limit})
             return [(r.owner, r.id, r.content) for r in found]
 
-    def _set_sentences(self, model: str, rows: list[tuple[str, str, str]], parts: list[Vectors]) -> int:
+    def _set_sentences(
+        self, model: str, rows: list[tuple[str, str, str]], parts: list[Vectors]
+    ) -> set[tuple[str, str]]:
         sql = (
             f"UPDATE {q.TABLE} SET sentences = CAST(:s AS vector[]) WHERE owner = :o AND id = :i "
             "AND content = :c AND model = :m AND sentences IS NULL"
         )  # an empty array: split, and no sentences (so it is not read again)
-        params = [
-            {"s": list(p), "m": model, "o": o, "i": i, "c": c}
-            for (o, i, c), p in zip(rows, parts, strict=True)
-        ]
-        stored = 0
+        stored = set()
         with self.db.begin() as conn:
             self._driver(conn)  # vectors in binary
-            for one in params:  # one statement each: the rows it changed are counted
-                stored += conn.execute(sa.text(sql), one).rowcount
+            for (o, i, c), p in zip(rows, parts, strict=True):  # one statement each: its row count
+                if conn.execute(sa.text(sql), {"s": list(p), "m": model, "o": o, "i": i, "c": c}).rowcount:
+                    stored.add((o, i))
         return stored
