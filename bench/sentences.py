@@ -22,6 +22,8 @@ owner). The other rows:
   period a query names, as the store);
 * ``hybrid/no-time``: the store's search without the period a query names
   (:mod:`statekeep.memory._when`; ``Fusion(time_weight=0)``);
+* ``hybrid/no-opener``: the store's search without the lift of the memory that opens its
+  session (``Fusion(opener_weight=0)``);
 * ``hybrid/all-sentences``: sentences for memories of any length (the write costs more);
 * ``sentences``: plain dense search by the best cosine, for comparison with ``vector``.
 
@@ -51,22 +53,25 @@ from statekeep.memory import Memory, Provenance, SearchResult, SentenceTransform
 from statekeep.memory._bm25 import TextIndex
 from statekeep.memory._dedupe import identity
 from statekeep.memory._exact import nearest
-from statekeep.memory._ranking import Fusion, fuse_scores
+from statekeep.memory._ranking import Fusion, fuse_scores, openers_among
 from statekeep.memory._sentences import SENTENCE_CHARS, sentences
 from statekeep.memory.embedders import normalize
 
 OUT = Path(__file__).parent / "results" / "sentences.json"
 #: The fusion before sentence vectors (its vector weight), before periods named by the query and
 #: before the agent's words were weighed down (with the neighbour share of then).
-BEFORE = Fusion(vector_weight=0.3, time_weight=0, context_weight=0.4, assistant_weight=1)
+BEFORE = Fusion(vector_weight=0.3, time_weight=0, context_weight=0.4, assistant_weight=1, opener_weight=0)
 #: The store's fusion without the period a query names.
 NO_TIME = Fusion(time_weight=0)
+#: The store's fusion without the lift of a session's first memory.
+NO_OPENER = Fusion(opener_weight=0)
 MODES = (
     "vector",
     "sentences",
     "hybrid/before",
     "hybrid/union",
     "hybrid/no-time",
+    "hybrid/no-opener",
     "hybrid",
     "hybrid/all-sentences",
 )
@@ -83,6 +88,7 @@ class Owner:
     part_of: np.ndarray  # the memory of each sentence
     short: np.ndarray  # memories of at most SENTENCE_CHARS characters: the store keeps their sentences
     words: TextIndex
+    openers: set[str]  # the memories that open their session
 
 
 def load_owner(turns: list[data.Turn], embedder: Any) -> Owner:
@@ -114,6 +120,7 @@ def load_owner(turns: list[data.Turn], embedder: Any) -> Owner:
         part_of,
         np.array([len(text) <= SENTENCE_CHARS for text in texts], dtype=bool),
         TextIndex(texts),
+        openers_among(memories, memories),
     )
 
 
@@ -128,7 +135,7 @@ def ranked(o: Owner, query: str, vector: np.ndarray, k: int, now: datetime) -> d
         "hybrid": best_cosine(o, whole, vector, short=True),
         "hybrid/all-sentences": best_cosine(o, whole, vector, short=False),
     }
-    cosines["hybrid/no-time"] = cosines["hybrid"]
+    cosines["hybrid/no-time"] = cosines["hybrid/no-opener"] = cosines["hybrid"]
     out = {"vector": [h.memory.id for h in nearest(o.memories, o.matrix, vector, k)]}  # as the store
     out["sentences"] = [o.memories[int(i)].id for i in np.argsort(-cosines["hybrid"], kind="stable")[:k]]
     pool = max(k, Fusion().pool)  # as the store's hybrid search
@@ -150,10 +157,10 @@ def ranked(o: Owner, query: str, vector: np.ndarray, k: int, now: datetime) -> d
             timed |= {h.memory.id for h in more}
     for mode, cosine in cosines.items():  # every candidate of either ranking, by its cosine
         untimed = mode == "hybrid/no-time"
-        fusion = NO_TIME if untimed else Fusion()
+        fusion = NO_TIME if untimed else NO_OPENER if mode == "hybrid/no-opener" else Fusion()
         ids = candidates if untimed else timed
         scored = [SearchResult(m, float(cosine[i])) for i, m in enumerate(o.memories) if m.id in ids]
-        hits = fuse_scores(scored, text, k, fusion, None if untimed else period, query)
+        hits = fuse_scores(scored, text, k, fusion, None if untimed else period, query, o.openers)
         out[mode] = [h.memory.id for h in hits]
     return out
 

@@ -83,6 +83,13 @@ class MemoryBackend(ABC):
         or :meth:`_cosines`."""
         return {}
 
+    def _openers(self, owner: str, memories: list[Memory]) -> set[str]:
+        """The ids of those of ``memories`` that open their session: no memory of ``owner`` stored with
+        the same ``provenance.session_id`` (current or not) was written before it (a lower ``seq``).
+        A memory of no session opens none. Optional: this default finds none, so hybrid search lifts
+        no memory as its session's first (:data:`._ranking.OPENER_WEIGHT`)."""
+        return set()
+
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         """The nearest current memory of ``owner`` to each vector (backends override to batch it)."""
         return [next(iter(self._nearest(owner, v, 1, Filters(), now)), None) for v in vectors]

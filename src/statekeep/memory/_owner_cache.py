@@ -60,6 +60,16 @@ class OwnerRows:
     def _row(self) -> dict[str, int]:
         return {m.id: n for n, m in enumerate(self.memories)}
 
+    @cached_property
+    def first_seq(self) -> dict[str, int]:
+        """The write order (``seq``) of the first memory held of each session."""
+        first: dict[str, int] = {}
+        for m in self.memories:
+            session = m.provenance.session_id
+            if session is not None and m.seq < first.get(session, m.seq + 1):
+                first[session] = m.seq
+        return first
+
     def rows_of(self, ids: list[str]) -> dict[str, int]:
         """The row of each of ``ids`` held (in ``memories`` and ``matrix``)."""
         return {i: self._row[i] for i in ids if i in self._row}

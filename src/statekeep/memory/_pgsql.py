@@ -350,6 +350,23 @@ def _irregular_bases(conn: Connection) -> None:
             conn.exec_driver_sql(f"GRANT EXECUTE ON FUNCTION {IRREGULAR_BASES} TO {role.role}")
 
 
+def _sessions(conn: Connection) -> None:
+    """Each owner's memories by session in write order: hybrid search asks which of its candidates
+    opens its session (:data:`OPENERS`), one index probe per session."""
+    conn.exec_driver_sql(
+        f"CREATE INDEX memories_session ON {TABLE} (owner, session_id, seq) WHERE session_id IS NOT NULL"
+    )
+
+
+#: The first write (``seq``) of each of the owner's sessions ``:sessions``, current memories or not.
+OPENERS = (
+    "SELECT s.session_id, (SELECT min(m.seq) FROM "
+    + TABLE
+    + " AS m WHERE m.owner = :owner AND m.session_id = s.session_id) AS seq"
+    " FROM unnest(CAST(:sessions AS text[])) AS s(session_id)"
+)
+
+
 MIGRATIONS = [
     Migration(1, "memories, partitioned by owner, with row-level security", _create),
     Migration(2, "deduplication by identity, and a write order that breaks ranking ties", _dedupe_and_order),
@@ -366,6 +383,7 @@ MIGRATIONS = [
     ),
     Migration(6, "sentence vectors of short memories", _sentences),
     Migration(7, "irregular forms read as their base form by full-text search", _irregular_bases),
+    Migration(8, "memories by session in write order (the first of each session)", _sessions),
 ]
 
 

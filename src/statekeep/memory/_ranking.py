@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -58,6 +58,10 @@ TIME_WEIGHT = 2.0
 #: fused score multiplied by this, unless the query addresses the agent (:data:`ADDRESSES_AGENT`):
 #: what is asked about a person is mostly what they said, not what the agent answered.
 ASSISTANT_WEIGHT = 0.7
+#: The memory that opens its session (no memory of the same ``provenance.session_id`` was written before
+#: it) has its fused score multiplied by ``1 + OPENER_WEIGHT``, before it lends context: what a person
+#: comes to tell or ask is mostly in their first message; 0 turns it off.
+OPENER_WEIGHT = 0.35
 #: A query with one of these words asks about what the agent said ("what did you suggest?").
 ADDRESSES_AGENT = re.compile(r"\b(you|your|yours)\b", re.IGNORECASE)
 #: Bounds of :class:`Fusion`'s knobs: candidates (and neighbours) per search, and a weight.
@@ -81,6 +85,7 @@ class Fusion:
     length_weight: float = LENGTH_WEIGHT
     time_weight: float = TIME_WEIGHT
     assistant_weight: float = ASSISTANT_WEIGHT
+    opener_weight: float = OPENER_WEIGHT
 
     def __post_init__(self) -> None:
         """Raises InvalidInputError for a knob out of range (a pivot of 0 would divide by zero at search)."""
@@ -93,6 +98,7 @@ class Fusion:
             "length_weight": MAX_WEIGHT,
             "time_weight": MAX_WEIGHT,
             "assistant_weight": 1.0,
+            "opener_weight": MAX_WEIGHT,
         }
         for name, most in weights.items():
             object.__setattr__(self, name, check_number(getattr(self, name), name, maximum=most))
@@ -153,6 +159,7 @@ def fuse_scores(
     fusion: Fusion = Fusion(),
     window: tuple[datetime, datetime] | None = None,
     query: str = "",
+    openers: Collection[str] = (),
 ) -> list[SearchResult]:
     """Score-aware fusion of a vector and a full-text ranking, with session context, a
     length prior, the agent's own words weighed down unless ``query`` addresses the agent,
@@ -168,6 +175,9 @@ def fuse_scores(
     if fusion.assistant_weight < 1 and not ADDRESSES_AGENT.search(query):
         a = fusion.assistant_weight
         fused = {i: s * a if said_by_agent(memories[i]) else s for i, s in fused.items()}
+    if fusion.opener_weight > 0 and openers:
+        lift = 1 + fusion.opener_weight
+        fused = {i: s * lift if i in openers else s for i, s in fused.items()}
     if fusion.context_weight > 0:
         fused = with_context(fused, memories, fusion.context_weight, fusion.context_span)
     if fusion.length_weight > 0:
@@ -209,6 +219,18 @@ def with_context(
             if near:
                 out[m.id] = scores[m.id] + weight * max(near)
     return out
+
+
+def openers_among(stored: Iterable[Memory], memories: Iterable[Memory]) -> set[str]:
+    """The ids of ``memories`` that open their session among ``stored`` (an owner's memories, in any
+    order): none of ``stored`` of the same ``provenance.session_id`` has a lower ``seq``."""
+    memories = list(memories)
+    first: dict[str, int] = {}
+    for m in (*memories, *stored):
+        session = m.provenance.session_id
+        if session and m.seq < first.get(session, m.seq + 1):
+            first[session] = m.seq
+    return {m.id for m in memories if m.provenance.session_id and first[m.provenance.session_id] == m.seq}
 
 
 def length_penalty(length: int, pivot: int, weight: float) -> float:

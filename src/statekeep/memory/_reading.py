@@ -119,7 +119,8 @@ class Reading(MemoryBackend):
         self, owner: str, query: str, vec: Vectors, k: int, filters: _types.Filters, now: datetime
     ) -> list[SearchResult]:
         """Both rankings fused; when the query names a period (:mod:`._when`), the memories written
-        in it are candidates too (a second pair of rankings, narrowed to it), and scored up."""
+        in it are candidates too (a second pair of rankings, narrowed to it), and scored up; the
+        candidates that open their session are lifted (:meth:`_openers`)."""
         pool = max(k, self.fusion.pool)
         near, text = self._hybrid(owner, vec, query, pool, filters, now)
         period = _when.window(query, now) if self.fusion.time_weight > 0 else None
@@ -131,7 +132,11 @@ class Reading(MemoryBackend):
                 more, _ = self._hybrid(owner, vec, query, pool, during, now)
                 seen = {h.memory.id for h in near}
                 near = [*near, *(h for h in more if h.memory.id not in seen)]
-        return fuse_scores(near, text, k, self.fusion, period, query)
+        openers: set[str] = set()
+        if self.fusion.opener_weight > 0:
+            found = {h.memory.id: h.memory for h in (*near, *text)}
+            openers = self._openers(owner, [m for m in found.values() if m.provenance.session_id is not None])
+        return fuse_scores(near, text, k, self.fusion, period, query, openers)
 
     def _query_vector(self, query: str, vector: Sequence[float] | None) -> Vectors:
         if vector is None:

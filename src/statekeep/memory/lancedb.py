@@ -361,6 +361,22 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
         return found
 
     @_lock.one_at_a_time("searching memories")
+    def _openers(self, owner: str, memories: list[Memory]) -> set[str]:
+        sessions = sorted({m.provenance.session_id for m in memories if m.provenance.session_id is not None})
+        if not sessions:
+            return set()
+        held = self._held(owner)
+        if held is not None:
+            first = held.first_seq
+        else:
+            rows = self._rows(f"{where(owner)} AND {in_list('session_id', sessions)}", ["session_id", "seq"])
+            first = {}
+            for r in rows:
+                if r["seq"] < first.get(r["session_id"], r["seq"] + 1):
+                    first[r["session_id"]] = r["seq"]
+        return {m.id for m in memories if first.get(m.provenance.session_id or "") == m.seq}
+
+    @_lock.one_at_a_time("searching memories")
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
         """BM25 with the statistics of the memories searched (see :mod:`._bm25`), not the whole index's.
 

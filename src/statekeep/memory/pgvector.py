@@ -278,6 +278,14 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         rows = self._run(owner, [Statement(sql, {"owner": owner, "q": vector, "ids": ids})], write=False)[0]
         return {r["id"]: float(r["best"]) for r in rows if r["best"] is not None}
 
+    def _openers(self, owner: str, memories: list[Memory]) -> set[str]:
+        sessions = sorted({m.provenance.session_id for m in memories if m.provenance.session_id is not None})
+        if not sessions:
+            return set()
+        statement = Statement(q.OPENERS, {"owner": owner, "sessions": sessions})
+        first = {r["session_id"]: r["seq"] for r in self._run(owner, [statement], write=False)[0]}
+        return {m.id for m in memories if first.get(m.provenance.session_id or "") == m.seq}
+
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         clause, params = ps.scope_where(to_us(now), None)
         sql = ps.nearest_each_sql(self.embedder.name, vectors.shape[1], clause)
