@@ -54,12 +54,22 @@ def files_with(url: str, marker: str) -> list[str]:
 def test_invariant_8_forget_leaves_the_owner_in_no_table_toast_or_index_file(
     postgres_url: str, real_embedder: SentenceTransformerEmbedder
 ) -> None:
-    """After forget and a checkpoint, no heap, TOAST or index file holds the marker; a plain DELETE would."""
+    """After forget and a checkpoint, no heap, TOAST or index file holds the marker (in a memory's text
+    and its session's id); a plain DELETE would."""
     store = PgVectorMemoryStore(postgres_url, real_embedder)
     store.remember_many("bob", [f"Bob's note number {i} about gardening." for i in range(50)])
     marker = f"zq{uuid.uuid4().hex}"  # short: stored inline, uncompressed, so a byte search can see it
-    store.remember("alice", f"Alice's locker code is {marker}.")
-    store.remember("carol", f"Carol's locker code is {marker}x.")
+    # in the session too, which the index of sessions (memory migration 8) holds
+    store.remember(
+        "alice",
+        f"Alice's locker code is {marker}.",
+        provenance=Provenance("user_supplied", session_id=f"{marker}-s"),
+    )
+    store.remember(
+        "carol",
+        f"Carol's locker code is {marker}x.",
+        provenance=Provenance("user_supplied", session_id=f"{marker}x-s"),
+    )
     assert files_with(postgres_url, marker)
     with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:  # what a naive erasure does
         conn.execute("DELETE FROM statekeep_memory.memories WHERE owner = 'carol'")

@@ -13,10 +13,12 @@ min-max normalised over its candidates, then averaged with weights (``VECTOR_WEI
 ``1 - VECTOR_WEIGHT``), so a memory far ahead in one ranking stays ahead of memories
 mediocre in both. A memory the agent said (``metadata["speaker"] == "assistant"``) is
 multiplied by ``ASSISTANT_WEIGHT`` unless the query says "you": what is asked about a
-person is mostly what they said. Then each memory takes a share (``CONTEXT_WEIGHT``) of
-the best fused score of its neighbours: the memories written just before and after it in
-the same session (``provenance.session_id``), so a short answer ("Yes, last Saturday!")
-is found through the question it answers. Last, a long memory (more than
+person is mostly what they said. A memory that opens its session (the first the owner
+stored in it, which the backend tells: ``_openers``) is multiplied by ``1 + OPENER_WEIGHT``:
+what a person comes to tell or ask is mostly in their first message. Then each memory
+takes a share (``CONTEXT_WEIGHT``) of the best fused score of its neighbours: the memories
+written just before and after it in the same session (``provenance.session_id``), so a
+short answer ("Yes, last Saturday!") is found through the question it answers. Last, a long memory (more than
 ``LENGTH_PIVOT`` characters) is scored down by ``1 + LENGTH_WEIGHT * ln(length /
 LENGTH_PIVOT)``: a long text (such as a chat assistant's reply) shares words and topic
 with many queries, while what a person stated is mostly short; it still lends its whole
@@ -165,8 +167,9 @@ def fuse_scores(
     length prior, the agent's own words weighed down unless ``query`` addresses the agent,
     and the period the query names (``window``, ``[since, until)``); the top ``k``.
 
-    Scores are in [0, (1 + ``context_weight``) * (1 + ``time_weight``)]; ties are broken by
-    :func:`rank_key`.
+    Scores are in [0, (1 + ``opener_weight``) * (1 + ``context_weight``) * (1 + ``time_weight``)];
+    ties are broken by :func:`rank_key`. ``openers``: the ids of the memories that open their
+    session (``_openers``).
     """
     memories = {h.memory.id: h.memory for h in (*text, *vector)}
     v, t = normalized(vector), normalized(text)

@@ -66,8 +66,8 @@ class Reading(MemoryBackend):
 
         ``mode="hybrid"`` (the default, the best measured by ``bench/retrieval.py``)
         fuses the vector ranking with the full-text ranking by their normalised
-        scores, lets neighbouring memories of a session lend each other context
-        and scores long memories down by their length (see
+        scores, lifts the memory that opens its session, lets neighbouring memories
+        of a session lend each other context and scores long memories down by their length (see
         :mod:`statekeep.memory._ranking`); ``"vector"`` ranks by meaning alone
         (score = cosine), ``"text"`` by full-text relevance alone. Superseded
         and expired memories are never returned; memories merged into another
