@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from statekeep.memory._bm25 import TextIndex
 from statekeep.memory._lance_layout import SENTENCES, sentence_vectors
+from statekeep.memory._ranking import first_writes
 from statekeep.memory._rows import from_row, to_us
 from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory
@@ -63,12 +64,7 @@ class OwnerRows:
     @cached_property
     def first_seq(self) -> dict[str, int]:
         """The write order (``seq``) of the first memory held of each session."""
-        first: dict[str, int] = {}
-        for m in self.memories:
-            session = m.provenance.session_id
-            if session is not None and m.seq < first.get(session, m.seq + 1):
-                first[session] = m.seq
-        return first
+        return first_writes((m.provenance.session_id, m.seq) for m in self.memories)
 
     def rows_of(self, ids: list[str]) -> dict[str, int]:
         """The row of each of ``ids`` held (in ``memories`` and ``matrix``)."""

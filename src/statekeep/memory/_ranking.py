@@ -224,16 +224,26 @@ def with_context(
     return out
 
 
+def first_writes(sessions: Iterable[tuple[str | None, int]]) -> dict[str, int]:
+    """The lowest write order (``seq``) of each session, from (session id, seq) pairs (no session: none)."""
+    first: dict[str, int] = {}
+    for session, seq in sessions:
+        if session is not None and seq < first.get(session, seq + 1):
+            first[session] = seq
+    return first
+
+
+def openers_of(memories: Iterable[Memory], first: dict[str, int]) -> set[str]:
+    """The ids of ``memories`` written first in their session, ``first`` the lowest ``seq`` of each."""
+    return {m.id for m in memories if (s := m.provenance.session_id) is not None and first.get(s) == m.seq}
+
+
 def openers_among(stored: Iterable[Memory], memories: Iterable[Memory]) -> set[str]:
     """The ids of ``memories`` that open their session among ``stored`` (an owner's memories, in any
-    order): none of ``stored`` of the same ``provenance.session_id`` has a lower ``seq``."""
+    order) and themselves: none of the same ``provenance.session_id`` has a lower ``seq``."""
     memories = list(memories)
-    first: dict[str, int] = {}
-    for m in (*memories, *stored):
-        session = m.provenance.session_id
-        if session and m.seq < first.get(session, m.seq + 1):
-            first[session] = m.seq
-    return {m.id for m in memories if m.provenance.session_id and first[m.provenance.session_id] == m.seq}
+    first = first_writes((m.provenance.session_id, m.seq) for m in (*memories, *stored))
+    return openers_of(memories, first)
 
 
 def length_penalty(length: int, pivot: int, weight: float) -> float:

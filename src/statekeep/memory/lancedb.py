@@ -41,6 +41,7 @@ from statekeep.memory._lance_rewrites import Rewrites
 from statekeep.memory._lance_sql import in_list, where
 from statekeep.memory._lance_sql import quote as quote  # re-exported
 from statekeep.memory._owner_cache import OwnerCache, OwnerRows, narrows, owner_rows
+from statekeep.memory._ranking import first_writes, openers_of
 from statekeep.memory._rows import COLUMNS, from_row, to_us
 from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory, SearchResult
@@ -367,14 +368,9 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
             return set()
         held = self._held(owner)
         if held is not None:
-            first = held.first_seq
-        else:
-            rows = self._rows(f"{where(owner)} AND {in_list('session_id', sessions)}", ["session_id", "seq"])
-            first = {}
-            for r in rows:
-                if r["seq"] < first.get(r["session_id"], r["seq"] + 1):
-                    first[r["session_id"]] = r["seq"]
-        return {m.id for m in memories if first.get(m.provenance.session_id or "") == m.seq}
+            return openers_of(memories, held.first_seq)
+        rows = self._rows(f"{where(owner)} AND {in_list('session_id', sessions)}", ["session_id", "seq"])
+        return openers_of(memories, first_writes((r["session_id"], r["seq"]) for r in rows))
 
     @_lock.one_at_a_time("searching memories")
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:

@@ -42,6 +42,7 @@ from statekeep.memory import _pgsql as q
 from statekeep.memory import base
 from statekeep.memory._irregular import base_forms
 from statekeep.memory._pg_pipeline import Pipelined, Statement
+from statekeep.memory._ranking import first_writes, openers_of
 from statekeep.memory._rows import from_row, to_row, to_us
 from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory, SearchResult
@@ -283,8 +284,8 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         if not sessions:
             return set()
         statement = Statement(q.OPENERS, {"owner": owner, "sessions": sessions})
-        first = {r["session_id"]: r["seq"] for r in self._run(owner, [statement], write=False)[0]}
-        return {m.id for m in memories if first.get(m.provenance.session_id or "") == m.seq}
+        rows = self._run(owner, [statement], write=False)[0]
+        return openers_of(memories, first_writes((r["session_id"], r["seq"]) for r in rows))
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         clause, params = ps.scope_where(to_us(now), None)

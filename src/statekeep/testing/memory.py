@@ -17,12 +17,14 @@ from statekeep.errors import InvalidInputError, MemoryNotFoundError, StatekeepEr
 from statekeep.memory import (
     Embedder,
     FakeEmbedder,
+    Fusion,
     MemoryInput,
     MemoryStore,
     Provenance,
     SearchMode,
     render_memories,
 )
+from statekeep.memory._backend import MemoryBackend
 from statekeep.testing._memory_dedupe import DedupeSuite
 from statekeep.testing._memory_exact import ExactSuite
 from statekeep.testing._memory_kit import FACTS, HOSTILE_OWNERS, MemoryStoreFactory, _Clock
@@ -179,9 +181,45 @@ class MemoryStoreSuite(DedupeSuite, ExactSuite):
         results = store.search("alice", "zebracactus7781", k=3, mode="hybrid")
         assert results[0].memory.content.endswith("zebracactus7781.")
         # each ranking scaled to [0, 1] and weighted; a session neighbour may add a share on top
-        assert all(0 <= r.score <= 1 + store.fusion.context_weight for r in results)
+        most = (1 + store.fusion.opener_weight) * (1 + store.fusion.context_weight)
+        assert all(0 <= r.score <= most for r in results)
         assert results[0].score > results[1].score
         assert store.search("nobody", "zebracactus7781", mode="hybrid") == []
+
+    def test_hybrid_search_lifts_the_memory_that_opens_its_session(self, store: MemoryStore) -> None:
+        """The first memory the owner stored in a session is lifted by ``1 + opener_weight`` (another
+        owner's earlier memory of a session of that name does not count); a later one is not, even
+        when the first is superseded. Skipped for a backend without the optional ``_openers``."""
+        if type(store)._openers is MemoryBackend._openers:
+            pytest.skip("the backend tells no memory that opens its session (optional: _openers)")
+
+        def session(name: str) -> Provenance:
+            return Provenance("imported", session_id=name)
+
+        store.remember("bob", "Bob planted tulips too.", provenance=session("s2"))
+        may, mild, april = store.remember_many(
+            "alice",
+            [
+                MemoryInput("Alice planted red tulips in May.", provenance=session("s2")),
+                MemoryInput("The weather was mild that day.", provenance=session("s1")),
+                MemoryInput("Alice planted red tulips in April.", provenance=session("s1")),
+            ],
+        )
+
+        def scores(weight: float) -> dict[str, float]:
+            store.fusion = Fusion(opener_weight=weight, context_weight=0, length_weight=0)
+            return {r.memory.id: r.score for r in store.search("alice", "When were red tulips planted?", k=3)}
+
+        plain, lifted = scores(0), scores(1)
+        assert lifted[may.id] == pytest.approx(2 * plain[may.id])
+        assert lifted[may.id] > 0
+        assert lifted[april.id] == pytest.approx(plain[april.id])
+        assert lifted[mild.id] == pytest.approx(2 * plain[mild.id])
+        store.supersede("alice", mild.id, "The weather was mild and dry that day.")
+        plain, lifted = scores(0), scores(1)
+        assert lifted[april.id] == pytest.approx(plain[april.id])
+        assert lifted[april.id] > 0
+        assert lifted[may.id] == pytest.approx(2 * plain[may.id])
 
     def test_optimize_changes_no_result(self, store: MemoryStore) -> None:
         """After ``optimize()`` and ``optimize(full=True)`` every search, list and get answers as before."""
