@@ -12,6 +12,7 @@ from datetime import datetime
 
 import numpy as np
 
+from statekeep.memory._ranking import openers_of
 from statekeep.memory._sentences import Parts, best_cosines
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Vectors
@@ -86,9 +87,15 @@ class MemoryBackend(ABC):
     def _openers(self, owner: str, memories: list[Memory]) -> set[str]:
         """The ids of those of ``memories`` that open their session: no memory of ``owner`` stored with
         the same ``provenance.session_id`` (current or not) was written before it (a lower ``seq``).
-        A memory of no session opens none. Optional: this default finds none, so hybrid search lifts
+        A memory of no session opens none."""
+        sessions = sorted({m.provenance.session_id for m in memories if m.provenance.session_id is not None})
+        return openers_of(memories, self._first_writes(owner, sessions)) if sessions else set()
+
+    def _first_writes(self, owner: str, sessions: list[str]) -> dict[str, int]:
+        """The lowest ``seq`` of the memories of ``owner`` stored in each of ``sessions`` (current or
+        not; a session of none is left out). Optional: this default knows none, so hybrid search lifts
         no memory as its session's first (:data:`._ranking.OPENER_WEIGHT`)."""
-        return set()
+        return {}
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         """The nearest current memory of ``owner`` to each vector (backends override to batch it)."""

@@ -352,14 +352,15 @@ def _irregular_bases(conn: Connection) -> None:
 
 def _sessions(conn: Connection) -> None:
     """Each owner's memories by session in write order: hybrid search asks which of its candidates
-    opens its session (:data:`OPENERS`), one index probe per session."""
+    opens its session (:data:`FIRST_WRITES`), one index probe per session."""
     conn.exec_driver_sql(
         f"CREATE INDEX memories_session ON {TABLE} (owner, session_id, seq) WHERE session_id IS NOT NULL"
     )
 
 
-#: The first write (``seq``) of each of the owner's sessions ``:sessions``, current memories or not.
-OPENERS = (
+#: The first write (``seq``) of each of the owner's sessions ``:sessions``, current memories or not
+#: (null for a session of none).
+FIRST_WRITES = (
     "SELECT s.session_id, (SELECT min(m.seq) FROM "
     + TABLE
     + " AS m WHERE m.owner = :owner AND m.session_id = s.session_id) AS seq"

@@ -14,7 +14,7 @@ min-max normalised over its candidates, then averaged with weights (``VECTOR_WEI
 mediocre in both. A memory the agent said (``metadata["speaker"] == "assistant"``) is
 multiplied by ``ASSISTANT_WEIGHT`` unless the query says "you": what is asked about a
 person is mostly what they said. A memory that opens its session (the first the owner
-stored in it, which the backend tells: ``_openers``) is multiplied by ``1 + OPENER_WEIGHT``:
+stored in it, which the backend tells: ``_first_writes``) is multiplied by ``1 + OPENER_WEIGHT``:
 what a person comes to tell or ask is mostly in their first message. Then each memory
 takes a share (``CONTEXT_WEIGHT``) of the best fused score of its neighbours: the memories
 written just before and after it in the same session (``provenance.session_id``), so a

@@ -134,8 +134,7 @@ class Reading(MemoryBackend):
                 near = [*near, *(h for h in more if h.memory.id not in seen)]
         openers: set[str] = set()
         if self.fusion.opener_weight > 0:
-            found = {h.memory.id: h.memory for h in (*near, *text)}
-            openers = self._openers(owner, [m for m in found.values() if m.provenance.session_id is not None])
+            openers = self._openers(owner, list({h.memory.id: h.memory for h in (*near, *text)}.values()))
         return fuse_scores(near, text, k, self.fusion, period, query, openers)
 
     def _query_vector(self, query: str, vector: Sequence[float] | None) -> Vectors:

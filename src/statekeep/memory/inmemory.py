@@ -14,7 +14,7 @@ import numpy as np
 from statekeep.memory import base
 from statekeep.memory._dedupe import identity
 from statekeep.memory._exact import nearest
-from statekeep.memory._ranking import openers_among
+from statekeep.memory._ranking import first_writes
 from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Embedder, Vectors
@@ -123,8 +123,13 @@ class InMemoryMemoryStore(base.MemoryStore):
         hits = [r for r in scored if r.score > 0]
         return sorted(hits, key=base.rank_key)[:k]
 
-    def _openers(self, owner: str, memories: list[Memory]) -> set[str]:
-        return openers_among((m for m, _ in self._owned(owner)), memories)
+    def _first_writes(self, owner: str, sessions: list[str]) -> dict[str, int]:
+        wanted = set(sessions)
+        return first_writes(
+            (m.provenance.session_id, m.seq)
+            for m, _ in self._owned(owner)
+            if m.provenance.session_id in wanted
+        )
 
     def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:
         row = self._rows.get(owner, {}).get(memory_id)

@@ -41,7 +41,7 @@ from statekeep.memory._lance_rewrites import Rewrites
 from statekeep.memory._lance_sql import in_list, where
 from statekeep.memory._lance_sql import quote as quote  # re-exported
 from statekeep.memory._owner_cache import OwnerCache, OwnerRows, narrows, owner_rows
-from statekeep.memory._ranking import first_writes, openers_of
+from statekeep.memory._ranking import first_writes
 from statekeep.memory._rows import COLUMNS, from_row, to_us
 from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory, SearchResult
@@ -362,15 +362,12 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
         return found
 
     @_lock.one_at_a_time("searching memories")
-    def _openers(self, owner: str, memories: list[Memory]) -> set[str]:
-        sessions = sorted({m.provenance.session_id for m in memories if m.provenance.session_id is not None})
-        if not sessions:
-            return set()
+    def _first_writes(self, owner: str, sessions: list[str]) -> dict[str, int]:
         held = self._held(owner)
         if held is not None:
-            return openers_of(memories, held.first_seq)
+            return held.first_seq  # every session's: the ones not asked about are never looked up
         rows = self._rows(f"{where(owner)} AND {in_list('session_id', sessions)}", ["session_id", "seq"])
-        return openers_of(memories, first_writes((r["session_id"], r["seq"]) for r in rows))
+        return first_writes((r["session_id"], r["seq"]) for r in rows)
 
     @_lock.one_at_a_time("searching memories")
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:

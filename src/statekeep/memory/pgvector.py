@@ -42,7 +42,6 @@ from statekeep.memory import _pgsql as q
 from statekeep.memory import base
 from statekeep.memory._irregular import base_forms
 from statekeep.memory._pg_pipeline import Pipelined, Statement
-from statekeep.memory._ranking import first_writes, openers_of
 from statekeep.memory._rows import from_row, to_row, to_us
 from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory, SearchResult
@@ -279,13 +278,11 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         rows = self._run(owner, [Statement(sql, {"owner": owner, "q": vector, "ids": ids})], write=False)[0]
         return {r["id"]: float(r["best"]) for r in rows if r["best"] is not None}
 
-    def _openers(self, owner: str, memories: list[Memory]) -> set[str]:
-        sessions = sorted({m.provenance.session_id for m in memories if m.provenance.session_id is not None})
-        if not sessions:
-            return set()
-        statement = Statement(q.OPENERS, {"owner": owner, "sessions": sessions})
-        rows = self._run(owner, [statement], write=False)[0]
-        return openers_of(memories, first_writes((r["session_id"], r["seq"]) for r in rows))
+    def _first_writes(self, owner: str, sessions: list[str]) -> dict[str, int]:
+        rows = self._run(
+            owner, [Statement(q.FIRST_WRITES, {"owner": owner, "sessions": sessions})], write=False
+        )
+        return {r["session_id"]: r["seq"] for r in rows[0] if r["seq"] is not None}
 
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         clause, params = ps.scope_where(to_us(now), None)

@@ -189,9 +189,9 @@ class MemoryStoreSuite(DedupeSuite, ExactSuite):
     def test_hybrid_search_lifts_the_memory_that_opens_its_session(self, store: MemoryStore) -> None:
         """The first memory the owner stored in a session is lifted by ``1 + opener_weight`` (another
         owner's earlier memory of a session of that name does not count); a later one is not, even
-        when the first is superseded. Skipped for a backend without the optional ``_openers``."""
-        if type(store)._openers is MemoryBackend._openers:
-            pytest.skip("the backend tells no memory that opens its session (optional: _openers)")
+        when the first is superseded. Skipped for a backend without the optional ``_first_writes``."""
+        if type(store)._first_writes is MemoryBackend._first_writes:
+            pytest.skip("the backend tells no memory that opens its session (optional: _first_writes)")
 
         def session(name: str) -> Provenance:
             return Provenance("imported", session_id=name)
