@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from statekeep.errors import ConfigError
@@ -41,13 +40,14 @@ def open_sql(settings: Settings, store: str) -> Database:
 
 def _open_sql(settings: Settings, store: str, *, missing_ok: bool) -> Database | None:
     from statekeep.db import Database
+    from statekeep.db.dialects import dialect_of
     from statekeep.db.engine import normalize_url
-    from statekeep.db.migrations import current_version
+    from statekeep.stores import declaration
 
     url, setting = settings.url_for(store), sql_setting(settings, store)
     parsed = normalize_url(url, setting=setting)
-    file = parsed.database if parsed.get_backend_name() == "sqlite" else None
-    if file not in (None, "", ":memory:") and not Path(str(file)).is_file():
+    file = dialect_of(parsed).file_of(parsed)
+    if file is not None and not file.is_file():
         raise ConfigError(
             setting,
             url,
@@ -57,8 +57,8 @@ def _open_sql(settings: Settings, store: str, *, missing_ok: bool) -> Database |
     db = Database(url, setting=setting)
     try:
         db.check()
-        schema, migrations = _schema_of(store)
-        applied = current_version(db, store, schema)
+        spec = declaration(store)
+        migrations, applied = len(spec.migrations), spec.version(db)
     except BaseException:
         db.dispose()
         raise
@@ -73,20 +73,6 @@ def _open_sql(settings: Settings, store: str, *, missing_ok: bool) -> Database |
         )
         raise ConfigError(setting, url, f"{reason}: run `statekeep db upgrade` (nothing was changed)")
     return db
-
-
-def _schema_of(store: str) -> tuple[str, int]:
-    if store == "workflow":
-        from statekeep.workflow import tables
-
-        return tables.SCHEMA, len(tables.MIGRATIONS)
-    if store == "context":
-        from statekeep.context import sql as context_sql
-
-        return context_sql.SCHEMA, len(context_sql.MIGRATIONS)
-    from statekeep.working import sql as working_sql
-
-    return working_sql.SCHEMA, len(working_sql.MIGRATIONS)
 
 
 def open_memory(

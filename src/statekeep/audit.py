@@ -21,7 +21,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from statekeep._check import check_id, check_int
-from statekeep.db import Database, Migration, upgrade
+from statekeep.db import Database, Migration
+from statekeep.db.catalog import StoreSpec
+from statekeep.db.dialects import hooks
 from statekeep.db.types import UTCDateTime
 from statekeep.errors import InvalidInputError
 
@@ -66,24 +68,16 @@ entries_table = sa.Table(
 
 def _create(conn: Connection) -> None:
     metadata.create_all(conn, tables=[entries_table])
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(
-            f"""CREATE FUNCTION {SCHEMA}.refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN RAISE EXCEPTION 'the audit log is append-only'; END $$"""
-        )
-        conn.exec_driver_sql(
-            f"CREATE TRIGGER append_only BEFORE UPDATE OR DELETE ON {SCHEMA}.audit_log "
-            f"FOR EACH ROW EXECUTE FUNCTION {SCHEMA}.refuse_change()"
-        )
-    else:
-        for event in ("UPDATE", "DELETE"):
-            conn.exec_driver_sql(
-                f"CREATE TRIGGER audit_log_no_{event.lower()} BEFORE {event} ON audit_log "
-                "BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END"
-            )
+    hooks(conn.dialect).append_only(conn, SCHEMA, entries_table.name, "the audit log is append-only")
 
 
 MIGRATIONS = [Migration(1, "audit_log, append-only", _create)]
+
+#: The audit log keeps the records of an erased owner (ids and counts, never content) as the
+#: proof of the erasure: nothing to erase.
+STORE: StoreSpec[Database] = StoreSpec(
+    "audit", lives_in="workflow", schema=SCHEMA, metadata=metadata, migrations=MIGRATIONS
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +128,7 @@ class AuditLog:
 
     def __init__(self, db: Database | str) -> None:
         self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_WORKFLOW_URL")
-        upgrade(self.db, "audit", SCHEMA, MIGRATIONS)
+        STORE.upgrade(self.db)
 
     def record(
         self,

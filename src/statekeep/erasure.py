@@ -10,24 +10,29 @@ a backup) can no longer be decrypted. SQLite files are left without the
 deleted bytes (``secure_delete``, then the WAL is checkpointed and truncated).
 :class:`~statekeep.runtime.Runtime` and ``statekeep erase OWNER`` call it.
 
+The stores come from the one list of :mod:`statekeep.stores`: each declares how
+one owner is erased from it, and erasure runs those hooks in the list's order.
+
 It is safe to call again: a failure half way leaves the rest to find, and a
 second call finishes the job (the data keys are shredded last for that reason).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from statekeep._check import check_id
+from statekeep.db.catalog import Erased, Erasing, StoreSpec
 from statekeep.errors import LiveRunsError, RunFinishedError
 
 if TYPE_CHECKING:
     from statekeep.context import ContextStore
+    from statekeep.db import Database
     from statekeep.keys import KeyRing
-    from statekeep.memory import ForgetReceipt, MemoryStore
+    from statekeep.memory import MemoryStore
     from statekeep.workflow import WorkflowStore
     from statekeep.working import WorkingStateStore
 
@@ -58,6 +63,8 @@ NOT_REACHED_POSTGRES = (
 @dataclass(frozen=True)
 class ErasureReceipt:
     """What :func:`erase_owner` removed from each store, what it rewrote, and what it cannot reach.
+
+    A section per declared store with an erase hook (:mod:`statekeep.stores`), named as the store.
 
     Attributes:
         owner: The owner erased.
@@ -131,53 +138,87 @@ def erase_owner(
     Live runs of the owner are refused, unless ``cancel_live``: then they are
     cancelled first (their leases revoked, so no worker advances them again).
 
+    Every declared store with an erase hook (:mod:`statekeep.stores`) is erased, in
+    the list's order: the stores given here through their objects, an integration's
+    tables through the database of the store they live in.
+
     Raises:
         LiveRunsError: the owner has live runs and ``cancel_live`` is False; nothing was erased.
         InvalidInputError: ``owner`` is not an owner id.
         ErasureError: rows were deleted but a file could not be rewritten; erase again.
     """
+    from statekeep.stores import declared
+
     check_id(owner, "owner")
     started = datetime.now(UTC)
     cancelled = _settle_live_runs(workflow, owner, cancel_live)
-    run_ids = [r.run_id for r in workflow.runs_of(owner)]
-    # working state first (as the engine's purge does): should the process die in between, the
-    # runs are still there to find, and erasing again finishes the job
-    versions = working.delete(*run_ids) if working is not None else 0
-    runs = workflow.delete_owner(owner)
-    session_ids = context.sessions_of(owner)
-    # the SDK items before their sessions (a crash in between leaves the sessions to find), and
-    # again after: an item a session stored meanwhile goes too
-    items = _delete_agent_items(context, session_ids)
-    sessions = context.delete_owner(owner)
-    items += _delete_agent_items(context, session_ids)
-    forgotten: ForgetReceipt | None = memory.forget(owner) if memory is not None else None
-    shredded = keys.shred(owner) if keys is not None else None
-    locations = [f"{db!r}: {db.scrub(owner)}" for db in _databases(context, working, workflow)]
-    if shredded is not None:
-        locations.extend(shredded.locations)
-    if forgotten is not None:
-        locations.extend(forgotten.locations)
+    given = {"context": context, "working": working, "workflow": workflow, "memory": memory, "keys": keys}
+    specs = [spec for spec in declared() if spec.erase is not None]
+    handles = {spec.name: _handle(spec, given) for spec in specs}
+    # the ids are found before anything is deleted: working state is found by run, items by session
+    runs = tuple(r.run_id for r in workflow.runs_of(owner))
+    erasing = Erasing(owner, run_ids=runs, session_ids=tuple(context.sessions_of(owner)))
+    erased = _erase_in_order(specs, handles, erasing)
+    databases = _databases(*(handles[spec.name] for spec in specs if spec.lives_in is not None))
+    locations = [f"{db!r}: {db.scrub(owner)}" for db in databases]
     not_reached = list(NOT_REACHED)
-    names = {db.name for db in _databases(context, working, workflow, keys)}
+    names = {db.name for db in databases}
     if "sqlite" in names:
         not_reached.extend(NOT_REACHED_SQLITE)
     if "postgresql" in names:
         not_reached.extend(NOT_REACHED_POSTGRES)
-    if forgotten is not None:
-        not_reached.extend(line for line in forgotten.not_reached if line not in not_reached)
+    for result in erased.values():
+        if result is not None:
+            locations.extend(result.locations)
+            not_reached.extend(line for line in result.not_reached if line not in not_reached)
+    sections: dict[str, Any] = {name: None if r is None else r.counts for name, r in erased.items()}
     return ErasureReceipt(
         owner=owner,
         cancelled=tuple(cancelled),
-        context=sessions,
-        agents={"items": items},
-        working={"versions": versions},
-        workflow=runs,
-        memory=None if forgotten is None else forgotten.as_dict(),
-        keys=None if shredded is None else {"data_keys": shredded.keys},
+        **sections,
         locations=tuple(locations),
         not_reached=tuple(not_reached),
         started_at=started,
     )
+
+
+def _handle(spec: StoreSpec[Any], given: Mapping[str, object]) -> object:
+    """What a store's erase hook works through: the store given, or its tables' database (or None)."""
+    if spec.name in given:
+        return given[spec.name]
+    from statekeep.db import Database
+
+    db = getattr(given.get(spec.lives_in or ""), "db", None)
+    return db if isinstance(db, Database) else None
+
+
+def _erase_in_order(
+    specs: Sequence[StoreSpec[Any]], handles: Mapping[str, object], erasing: Erasing
+) -> dict[str, Erased | None]:
+    """Run each erase hook in the list's order; a part (``part_of``) just before its whole and again after.
+
+    Working state before the runs (should the process die in between, the runs are still there
+    to find, and erasing again finishes the job); the Agents SDK items before their sessions
+    (likewise), and again after them: an item a session stored meanwhile goes too.
+    """
+    names = {spec.name for spec in specs}
+
+    def run(spec: StoreSpec[Any]) -> Erased | None:
+        assert spec.erase is not None
+        return spec.erase(handles[spec.name], erasing)
+
+    erased: dict[str, Erased | None] = {}
+    for spec in specs:
+        if spec.part_of in names:
+            continue  # erased around its whole
+        around = [part for part in specs if part.part_of == spec.name]
+        for part in around:
+            erased[part.name] = run(part)
+        erased[spec.name] = run(spec)
+        for part in around:
+            first, again = erased[part.name], run(part)
+            erased[part.name] = first + again if first and again else first or again
+    return erased
 
 
 def _settle_live_runs(workflow: WorkflowStore, owner: str, cancel_live: bool) -> list[str]:
@@ -201,20 +242,8 @@ def _settle_live_runs(workflow: WorkflowStore, owner: str, cancel_live: bool) ->
     return cancelled
 
 
-def _delete_agent_items(context: ContextStore, session_ids: list[str]) -> int:
-    """Delete the Agents SDK items of these sessions from the context store's database (if SQL)."""
-    from statekeep.db import Database
-
-    db = getattr(context, "db", None)
-    if not isinstance(db, Database):
-        return 0
-    from statekeep.integrations._agents_items import delete_items
-
-    return delete_items(db, session_ids)
-
-
-def _databases(*stores: object) -> Sequence[Any]:
-    """The distinct SQL databases of these stores (a Database each, in order).
+def _databases(*stores: object) -> list[Database]:
+    """The distinct SQL databases of these stores or databases (a Database each, in order).
 
     Stores opened one by one on the same URL (a Runtime's, on one SQLite file) are
     one database: scrubbed once, named once in the receipt. An in-memory SQLite
@@ -224,8 +253,7 @@ def _databases(*stores: object) -> Sequence[Any]:
 
     found: dict[object, Database] = {}
     for store in stores:
-        db = getattr(store, "db", None)
+        db = store if isinstance(store, Database) else getattr(store, "db", None)
         if isinstance(db, Database):
-            private = db.name == "sqlite" and db.url.database in (None, "", ":memory:")
-            found.setdefault(id(db) if private else db.url.render_as_string(hide_password=False), db)
+            found.setdefault(id(db) if db.in_memory else db.url.render_as_string(hide_password=False), db)
     return list(found.values())

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import getpass
 import json
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from statekeep.config import Settings
-from statekeep.errors import InvalidInputError
-
-if TYPE_CHECKING:
-    pass
 from statekeep.cli._common import (
     ACTOR,
     DatabaseURL,
@@ -27,6 +22,8 @@ from statekeep.cli._common import (
     literal,
     record_audit,
 )
+from statekeep.config import Settings
+from statekeep.errors import InvalidInputError
 
 # --- erasure, keys and the audit log ------------------------------------------------------------
 
@@ -130,7 +127,11 @@ def keys_reencrypt(database_url: DatabaseURL = None, home: Home = None) -> None:
     keys = open_key_ring(settings)
     if keys is None:
         raise InvalidInputError("encryption is off (STATEKEEP_KEYS=none)", field="STATEKEEP_KEYS")
-    report = reencrypt(keys, {store: settings.url_for(store) for store in ("context", "working", "workflow")})
+    from statekeep.stores import declared
+
+    # every store that declares sealed columns, at the URL of the store its tables live in
+    urls = {s.name: settings.url_for(s.lives_in) for s in declared() if s.sealed and s.lives_in}
+    report = reencrypt(keys, urls)
     record_audit(database_url, home, "reencrypt", None, report)
     console.print_json(json.dumps(report))
     keys.db.dispose()
@@ -142,26 +143,18 @@ def keys_reencrypt(database_url: DatabaseURL = None, home: Home = None) -> None:
 @db_app.command("upgrade")
 def db_upgrade(database_url: DatabaseURL = None, home: Home = None) -> None:
     """Create or upgrade every SQL store's tables (idempotent; safe from many workers)."""
-    from statekeep.context import SQLContextStore
-    from statekeep.workflow import SQLWorkflowStore
-    from statekeep.working import SQLWorkingStateStore
+    from statekeep.stores import Databases, declared
 
     settings = checked_settings(database_url, home)
-    for name, open_store in (
-        ("context", SQLContextStore),
-        ("working", SQLWorkingStateStore),
-        ("workflow", SQLWorkflowStore),
-    ):
-        store = open_store(settings.url_for(name))
-        console.print(f"{name}: up to date")
-        store.db.dispose()
-    from statekeep.audit import AuditLog
-    from statekeep.keys import open_key_ring
-
-    for name, extra in (("audit", AuditLog(settings.url_for("workflow"))), ("keys", open_key_ring(settings))):
-        if extra is not None:
-            console.print(f"{name}: up to date")
-            extra.db.dispose()
+    databases = Databases(settings)
+    try:
+        for spec in declared():
+            if spec.lives_in is None or (spec.enabled is not None and not spec.enabled(settings)):
+                continue  # memory: its backends create their own tables; keys: encryption is off
+            spec.upgrade(databases.of(spec.name))
+            console.print(f"{spec.name}: up to date")
+    finally:
+        databases.dispose()
 
 
 @app.command()

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import secrets
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from statekeep.db import Database, Migration, upgrade
+from statekeep.db import Database, Migration
+from statekeep.db.catalog import Erased, Erasing, StoreSpec
+from statekeep.db.dialects import no_statistics, schema_for
 from statekeep.db.migrations import create_tables
 from statekeep.db.types import UTCDateTime
+
+if TYPE_CHECKING:
+    from statekeep.context.base import ContextStore
 
 SCHEMA = "statekeep_context"
 metadata = sa.MetaData(schema=SCHEMA)
@@ -60,7 +66,7 @@ def _add_session_column(conn: Connection, column: sa.Column[object]) -> None:
     Tables created after the migration that adds it (by migration 1, from the
     current metadata) already have it, hence the check.
     """
-    schema = conn.get_execution_options().get("schema_translate_map", {}).get(SCHEMA, SCHEMA)
+    schema = schema_for(conn, SCHEMA)
     columns = {c["name"] for c in sa.inspect(conn).get_columns(sessions.name, schema=schema)}
     if column.name not in columns:
         quote = conn.dialect.identifier_preparer.quote
@@ -84,12 +90,15 @@ def _add_session_incarnation(conn: Connection) -> None:
     _add_session_column(conn, sessions.c.incarnation)
 
 
+#: Event payloads (messages and summaries), sealed with the session owner's data key.
+SEALED = {"context_events": ("payload",)}
+#: PostgreSQL's ANALYZE would copy sampled payloads (and owner ids) into pg_statistic,
+#: which erasure does not rewrite; the planner needs neither.
+NO_STATISTICS = {"context_events": ("payload",), "context_sessions": ("owner",)}
+
+
 def _no_statistics(conn: Connection) -> None:
-    # PostgreSQL's ANALYZE would copy sampled payloads (and owner ids) into pg_statistic,
-    # which erasure does not rewrite; the planner needs neither.
-    if conn.dialect.name == "postgresql":
-        for table, column in (("context_events", "payload"), ("context_sessions", "owner")):
-            conn.exec_driver_sql(f"ALTER TABLE {SCHEMA}.{table} ALTER COLUMN {column} SET STATISTICS 0")
+    no_statistics(conn, SCHEMA, NO_STATISTICS)
 
 
 MIGRATIONS = [
@@ -104,6 +113,23 @@ MIGRATIONS = [
 ]
 
 
+def _erase(store: ContextStore | None, erasing: Erasing) -> Erased | None:
+    """The owner's sessions, with their events and summaries."""
+    return None if store is None else Erased(store.delete_owner(erasing.owner))
+
+
+STORE: StoreSpec[ContextStore] = StoreSpec(
+    "context",
+    lives_in="context",
+    schema=SCHEMA,
+    metadata=metadata,
+    migrations=MIGRATIONS,
+    sealed=SEALED,
+    no_statistics=NO_STATISTICS,
+    erase=_erase,
+)
+
+
 def setup(db: Database) -> None:
     """Create or upgrade the context tables (idempotent)."""
-    upgrade(db, "context", SCHEMA, MIGRATIONS)
+    STORE.upgrade(db)

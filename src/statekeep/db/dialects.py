@@ -9,12 +9,13 @@ from __future__ import annotations
 import sqlite3
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import URL, Connection, Engine
 
 
 class Dialect:
@@ -26,6 +27,22 @@ class Dialect:
     #: True where the database takes one write transaction at a time (SQLite): writers of
     #: one process may queue on a lock instead of sleeping in the database's busy handler.
     single_writer = False
+    #: True where a timestamp column keeps its time zone (SQLite stores naive UTC).
+    keeps_time_zones = True
+    #: The SQLAlchemy driver of code driven on an event loop.
+    async_driver = ""
+
+    def engine_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``create_engine`` (the connection pool's size)."""
+        return {}
+
+    def in_memory(self, url: URL) -> bool:
+        """True for a database that lives in one connection (in-memory SQLite): no other engine sees it."""
+        return False
+
+    def file_of(self, url: URL) -> Path | None:
+        """The database file a URL names; None for a server or an in-memory database."""
+        return None
 
     def configure(self, engine: Engine) -> None:
         """Install connection-level settings (pragmas, event hooks)."""
@@ -76,6 +93,29 @@ class Dialect:
         """
         return query
 
+    def no_statistics(self, conn: Connection, schema: str, columns: Mapping[str, Sequence[str]]) -> None:
+        """Keep the values of these ``{table: columns}`` out of the planner's statistics.
+
+        The base (SQLite) has no per-column statistics target to turn off.
+        """
+
+    def hash_partitions(self, conn: Connection, schema: str, table: str, count: int) -> list[str]:
+        """Create ``count`` hash partitions ``<table>_p<i>`` of a table declared partitioned; their names.
+
+        The base (SQLite) has no partitions: the table holds every row itself.
+        """
+        return []
+
+    def partition_holding(
+        self, conn: Connection, schema: str, table: str, count: int, key: str
+    ) -> str | None:
+        """The qualified name of the hash partition of ``table`` holding ``key``; None without partitions."""
+        return None
+
+    def append_only(self, conn: Connection, schema: str, table: str, message: str) -> None:
+        """Make ``table`` refuse every UPDATE and DELETE (a trigger raising ``message``)."""
+        raise NotImplementedError
+
 
 #: How long a SQLite connection waits for a lock held by another, in milliseconds.
 BUSY_TIMEOUT_MS = 60_000
@@ -118,6 +158,14 @@ class SQLiteDialect(Dialect):
 
     name = "sqlite"
     single_writer = True
+    keeps_time_zones = False
+    async_driver = "sqlite+aiosqlite"
+
+    def in_memory(self, url: URL) -> bool:
+        return url.database in (None, "", ":memory:")
+
+    def file_of(self, url: URL) -> Path | None:
+        return None if self.in_memory(url) else Path(str(url.database))
 
     def configure(self, engine: Engine) -> None:
         @sa.event.listens_for(engine, "connect")
@@ -169,12 +217,23 @@ class SQLiteDialect(Dialect):
     def write_options(self) -> dict[str, Any]:
         return {"sqlite_begin": "IMMEDIATE"}
 
+    def append_only(self, conn: Connection, schema: str, table: str, message: str) -> None:
+        for event in ("UPDATE", "DELETE"):
+            conn.exec_driver_sql(
+                f"CREATE TRIGGER {table}_no_{event.lower()} BEFORE {event} ON {table} "
+                f"BEGIN SELECT RAISE(ABORT, '{message}'); END"
+            )
+
 
 class PostgresDialect(Dialect):
     """PostgreSQL: one SQL schema per store, advisory locks for migrations."""
 
     name = "postgresql"
     has_schemas = True
+    async_driver = "postgresql+psycopg"
+
+    def engine_options(self) -> dict[str, Any]:
+        return {"pool_size": 5, "max_overflow": 10}
 
     def create_schema(self, conn: Connection, schema: str) -> None:
         conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
@@ -208,6 +267,44 @@ class PostgresDialect(Dialect):
         """``FOR UPDATE SKIP LOCKED``: concurrent workers claim disjoint rows without waiting."""
         return query.with_for_update(skip_locked=True)
 
+    def no_statistics(self, conn: Connection, schema: str, columns: Mapping[str, Sequence[str]]) -> None:
+        """``SET STATISTICS 0``: ANALYZE would copy sampled values into pg_statistic, which erasure
+        does not rewrite; the planner needs none of these columns' histograms."""
+        for table, names in columns.items():
+            for column in names:
+                conn.exec_driver_sql(f"ALTER TABLE {schema}.{table} ALTER COLUMN {column} SET STATISTICS 0")
+
+    def hash_partitions(self, conn: Connection, schema: str, table: str, count: int) -> list[str]:
+        names = [f"{table}_p{i}" for i in range(count)]
+        for i, name in enumerate(names):
+            conn.exec_driver_sql(
+                f"CREATE TABLE {schema}.{name} PARTITION OF {schema}.{table} "
+                f"FOR VALUES WITH (MODULUS {count}, REMAINDER {i})"
+            )
+        return names
+
+    def partition_holding(
+        self, conn: Connection, schema: str, table: str, count: int, key: str
+    ) -> str | None:
+        for i in range(count):
+            hit = conn.execute(
+                sa.text("SELECT satisfies_hash_partition(CAST(:p AS regclass), :m, :r, CAST(:o AS text))"),
+                {"p": f"{schema}.{table}", "m": count, "r": i, "o": key},
+            ).scalar_one()
+            if hit:
+                return f"{schema}.{table}_p{i}"
+        raise AssertionError("hash partitions cover every key")  # pragma: no cover
+
+    def append_only(self, conn: Connection, schema: str, table: str, message: str) -> None:
+        conn.exec_driver_sql(
+            f"""CREATE FUNCTION {schema}.refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION '{message}'; END $$"""
+        )
+        conn.exec_driver_sql(
+            f"CREATE TRIGGER append_only BEFORE UPDATE OR DELETE ON {schema}.{table} "
+            f"FOR EACH ROW EXECUTE FUNCTION {schema}.refuse_change()"
+        )
+
 
 def _qualified(conn: Connection, table: sa.Table) -> str:
     """The quoted name of a table, in the schema the connection's translate map gives it."""
@@ -224,3 +321,28 @@ def _lock_id(key: str) -> int:
 
 
 DIALECTS: dict[str, type[Dialect]] = {"sqlite": SQLiteDialect, "postgresql": PostgresDialect}
+_HOOKS: dict[str, Dialect] = {name: cls() for name, cls in DIALECTS.items()}
+_BASE = Dialect()
+
+
+def dialect_of(url: URL) -> Dialect:
+    """The hooks of a (normalized) database URL's backend."""
+    return _HOOKS[url.get_backend_name()]
+
+
+def hooks(dialect: sa.engine.Dialect) -> Dialect:
+    """The hooks of a SQLAlchemy dialect: a migration's ``conn.dialect``, a column type's ``dialect``.
+
+    Another dialect (SQLAlchemy's default one, compiling a statement to show it) gets the base hooks.
+    """
+    return _HOOKS.get(dialect.name) or _BASE
+
+
+def schema_for(conn: Connection, schema: str) -> str | None:
+    """The schema name a store's tables have on this connection's backend (None on SQLite)."""
+    return schema if hooks(conn.dialect).has_schemas else None
+
+
+def no_statistics(conn: Connection, schema: str, columns: Mapping[str, Sequence[str]]) -> None:
+    """A migration's step: keep a store's declared ``{table: columns}`` out of PostgreSQL's statistics."""
+    hooks(conn.dialect).no_statistics(conn, schema, columns)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 from statekeep._extras import requires
 from statekeep._redact import redact_url
 from statekeep.db import aio, rewrite
-from statekeep.db.dialects import DIALECTS, Dialect
+from statekeep.db.dialects import Dialect, dialect_of
 from statekeep.errors import ConfigError, ErasureError, StorageError
 
 _DRIVERS = {
@@ -26,8 +26,6 @@ _DRIVERS = {
     "postgresql": "postgresql+psycopg",
     "postgres": "postgresql+psycopg",
 }
-#: The async driver of each backend, for code driven by :func:`statekeep.db.aio.drive`.
-_ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}
 
 
 def normalize_url(url: str | URL, *, setting: str = "STATEKEEP_DATABASE_URL") -> URL:
@@ -96,11 +94,9 @@ class Database:
     ):
         self.url = normalize_url(url, setting=setting)
         self.setting = setting
-        self.dialect: Dialect = DIALECTS[self.url.get_backend_name()]()
-        _ensure_sqlite_folder(self.url, setting)
-        kw: dict[str, Any] = {}
-        if self.dialect.name == "postgresql":
-            kw.update(pool_size=5, max_overflow=10)
+        self.dialect: Dialect = dialect_of(self.url)
+        _ensure_folder(self.dialect.file_of(self.url), self.url, setting)
+        kw: dict[str, Any] = self.dialect.engine_options()
         kw.update(engine_kw)
         with requires("postgres", "PostgreSQL"):  # the engine imports its driver, psycopg
             self.engine: Engine = sa.create_engine(self.url, **kw)
@@ -110,8 +106,7 @@ class Database:
         self._ping_after = None if kw.get("pool_pre_ping") else ping_after
         self._async_kw = kw
         # an in-memory SQLite database lives in one connection: no second engine can see it
-        memory = self.dialect.name == "sqlite" and self.url.database in (None, "", ":memory:")
-        self._async_ok = not memory and not ({"poolclass", "creator", "module"} & kw.keys())
+        self._async_ok = not self.in_memory and not ({"poolclass", "creator", "module"} & kw.keys())
         self._async_engines: dict[asyncio.AbstractEventLoop, AsyncEngine] = {}
         #: schema translation for stores: ``{"statekeep_working": None}`` on SQLite.
         self._schema_map: dict[str | None, str | None] = {}
@@ -120,6 +115,15 @@ class Database:
     def name(self) -> str:
         """The dialect name: ``sqlite`` or ``postgresql``."""
         return self.dialect.name
+
+    @property
+    def in_memory(self) -> bool:
+        """True for an in-memory SQLite database: it lives in one connection, whatever its URL says.
+
+        Two such databases are never the same one, and no thread or process but this
+        engine's connection can see it.
+        """
+        return self.dialect.in_memory(self.url)
 
     def register_schema(self, schema: str) -> None:
         """Map a store's logical schema onto this backend (dropped on SQLite)."""
@@ -150,7 +154,7 @@ class Database:
     @property
     def async_capable(self) -> bool:
         """True when code driven on an event loop reaches this database through an async driver."""
-        return self._async_ok and aio.available(self.dialect.name)
+        return self._async_ok and aio.available(self.name)
 
     def _current_engine(self) -> Engine:
         """The engine for this call: inside :func:`statekeep.db.aio.drive`, the loop's async one."""
@@ -161,7 +165,7 @@ class Database:
         if engine is None:
             from sqlalchemy.ext.asyncio import create_async_engine
 
-            url = self.url.set(drivername=_ASYNC_DRIVERS[self.dialect.name])
+            url = self.url.set(drivername=self.dialect.async_driver)
             engine = create_async_engine(url, **self._async_kw)
             if self._ping_after is not None:
                 _ping_idle_connections(engine.sync_engine, self._ping_after)
@@ -232,11 +236,11 @@ class Database:
         return shown
 
 
-def _ensure_sqlite_folder(url: URL, setting: str) -> None:
-    """Create the folder of a SQLite file, so that a fresh home just works."""
-    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+def _ensure_folder(file: Path | None, url: URL, setting: str) -> None:
+    """Create the folder of a database file (SQLite), so that a fresh home just works."""
+    if file is None:
         return
-    folder = Path(url.database).parent
+    folder = file.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -7,6 +7,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from statekeep.db.dialects import hooks
+
 
 class UTCDateTime(sa.TypeDecorator[datetime]):
     """A timestamp that is always timezone-aware UTC in Python, on every backend.
@@ -24,7 +26,7 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
         if value.tzinfo is None:
             raise ValueError("naive datetime; statekeep stores only timezone-aware times")
         value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        return value if hooks(dialect).keeps_time_zones else value.replace(tzinfo=None)
 
     def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is None:

@@ -3,9 +3,9 @@
 :class:`~statekeep.integrations.agents.StatekeepSession` keeps each item the SDK
 adds (its JSON, sealed with the session owner's data key when the session has a
 key ring) in ``statekeep_agents.items``, beside the context event that names it
-by key. :func:`delete_items` is how :func:`statekeep.erasure.erase_owner`
-removes an erased owner's items; it needs neither the SDK nor the table (a
-database where the adapter never ran has none).
+by key. :data:`STORE` declares the table, and :func:`delete_items` is how
+:func:`statekeep.erasure.erase_owner` removes an erased owner's items; it needs
+neither the SDK nor the table (a database where the adapter never ran has none).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from statekeep.db import Database, Migration, upgrade
-from statekeep.db.migrations import create_tables, current_version
+from statekeep.db import Database, Migration
+from statekeep.db.catalog import Erased, Erasing, StoreSpec
+from statekeep.db.dialects import no_statistics
+from statekeep.db.migrations import create_tables
 
 SCHEMA = "statekeep_agents"
 metadata = sa.MetaData(schema=SCHEMA)
@@ -29,10 +31,14 @@ items_table = sa.Table(
 )
 
 
+#: Each item's JSON, sealed with the session owner's data key when the session has a key ring.
+SEALED = {"items": ("item",)}
+#: ANALYZE would copy sampled items into pg_statistic, which erasure does not rewrite.
+NO_STATISTICS = SEALED
+
+
 def _no_statistics(conn: Connection) -> None:
-    # ANALYZE would copy sampled items into pg_statistic, which erasure does not rewrite
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(f"ALTER TABLE {SCHEMA}.items ALTER COLUMN item SET STATISTICS 0")
+    no_statistics(conn, SCHEMA, NO_STATISTICS)
 
 
 MIGRATIONS = [
@@ -41,9 +47,27 @@ MIGRATIONS = [
 ]
 
 
+def _erase(db: Database | None, erasing: Erasing) -> Erased:
+    """The items of the owner's sessions, in the context store's database (none without SQL)."""
+    return Erased({"items": delete_items(db, erasing.session_ids) if db is not None else 0})
+
+
+STORE: StoreSpec[Database] = StoreSpec(
+    "agents",
+    lives_in="context",
+    schema=SCHEMA,
+    metadata=metadata,
+    migrations=MIGRATIONS,
+    sealed=SEALED,
+    no_statistics=NO_STATISTICS,
+    erase=_erase,
+    part_of="context",
+)
+
+
 def setup(db: Database) -> None:
     """Create or upgrade the items table (idempotent)."""
-    upgrade(db, "agents", SCHEMA, MIGRATIONS)
+    STORE.upgrade(db)
 
 
 def delete_items(db: Database, session_ids: Sequence[str]) -> int:
@@ -53,7 +77,7 @@ def delete_items(db: Database, session_ids: Sequence[str]) -> int:
     has it on); the caller truncates the WAL (:meth:`Database.scrub
     <statekeep.db.Database.scrub>`). Creates nothing.
     """
-    if not session_ids or current_version(db, "agents", SCHEMA) == 0:
+    if not session_ids or STORE.version(db) == 0:
         return 0
     removed = 0
     with db.begin("erasing agent session items") as conn:

@@ -2,20 +2,23 @@
 
 ``statekeep keys rotate`` retires every owner's data key (new writes get new
 ones, old rows stay readable); :func:`reencrypt` then walks every sealed column
-of the three SQL stores, page by page, opens each value sealed under a retired
-key and seals it again under its owner's current key, re-wraps the data keys
-still under an older key-encryption key, and finally drops the retired data
-keys that no process can still be using.
+the stores declare (:mod:`statekeep.stores`), page by page, opens each value
+sealed under a retired key and seals it again under its owner's current key,
+re-wraps the data keys still under an older key-encryption key, and finally
+drops the retired data keys that no process can still be using.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import sqlalchemy as sa
 
 from statekeep.db import Database
+from statekeep.db.catalog import StoreSpec
+from statekeep.db.dialects import schema_for
 from statekeep.keys.ring import KeyRing, key_id_of
 
 PAGE = 500
@@ -57,41 +60,42 @@ def reseal_table(
 
 
 def reencrypt(ring: KeyRing, urls: Mapping[str, str | Database]) -> dict[str, int]:
-    """Re-encrypt the ``context``, ``working`` and ``workflow`` stores at these URLs (or databases).
+    """Re-encrypt the stores at these URLs (or databases), by store name: every column each declares sealed.
 
-    Returns counts: values re-sealed per store, data keys re-wrapped, retired keys dropped.
+    The names are those of :mod:`statekeep.stores` (``context``, ``working``,
+    ``workflow``, ``agents``...). Returns counts: values re-sealed per store, data
+    keys re-wrapped, retired keys dropped.
     """
-    from statekeep.context.sql import SCHEMA as CONTEXT
-    from statekeep.context.sql import events
-    from statekeep.workflow import tables as wf
-    from statekeep.working.sql import SCHEMA as WORKING
-    from statekeep.working.sql import versions
+    from statekeep.stores import declaration
 
     started = datetime.now(UTC)
     retired = ring.retired()
-    targets: dict[str, list[tuple[str, sa.Table, tuple[str, ...]]]] = {
-        "context": [(CONTEXT, events, ("payload",))],
-        "working": [(WORKING, versions, ("state",))],
-        "workflow": [(wf.SCHEMA, wf.metadata.tables[f"{wf.SCHEMA}.{n}"], c) for n, c in wf.SEALED.items()],
-    }
     report: dict[str, int] = {}
     opened: list[Database] = []
     for store, found in urls.items():
+        spec = declaration(store)
         db = found if isinstance(found, Database) else Database(found)
         if not isinstance(found, Database):
             opened.append(db)
-        total = 0
-        for schema, table, columns in targets[store]:
-            db.register_schema(schema)
-            with db.read() as conn:
-                present = sa.inspect(conn).has_table(
-                    table.name, schema=schema if db.name != "sqlite" else None
-                )
-            if present:  # a store that was never set up in this database has nothing sealed
-                total += reseal_table(ring, db, table, columns, retired)
-        report[f"{store}.resealed"] = total
+        report[f"{store}.resealed"] = _reseal_store(ring, db, spec, retired)
     for db in opened:
         db.dispose()
     report["data_keys.dropped"] = ring.drop_retired(started)
     report["data_keys.rewrapped"] = ring.rewrap()
     return report
+
+
+def _reseal_store(ring: KeyRing, db: Database, spec: StoreSpec[Any], retired: set[str]) -> int:
+    """Seal again what ``retired`` keys sealed in each sealed column ``spec`` declares; how many."""
+    if not spec.sealed:
+        return 0
+    assert spec.schema is not None
+    db.register_schema(spec.schema)
+    total = 0
+    for name, columns in spec.sealed.items():
+        table = spec.table(name)
+        with db.read() as conn:
+            present = sa.inspect(conn).has_table(table.name, schema=schema_for(conn, spec.schema))
+        if present:  # a store that was never set up in this database has nothing sealed
+            total += reseal_table(ring, db, table, columns, retired)
+    return total

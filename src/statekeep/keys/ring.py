@@ -41,7 +41,9 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from sqlalchemy.engine import Connection
 
-from statekeep.db import Database, Migration, upgrade
+from statekeep.db import Database, Migration
+from statekeep.db.catalog import Erased, Erasing, StoreSpec
+from statekeep.db.dialects import hooks, no_statistics
 from statekeep.db.rewrite import MARK, rewrite
 from statekeep.db.types import UTCDateTime
 from statekeep.errors import InvalidInputError, SealedDataError
@@ -79,29 +81,45 @@ data_keys = sa.Table(
 )
 
 
+#: Owners, key ids and wrapped keys are never sampled into pg_statistic (erasure does not rewrite
+#: it), in the table and in each of its partitions (PostgreSQL).
+NO_STATISTICS = dict.fromkeys(
+    ("data_keys", *(f"data_keys_p{i}" for i in range(PARTITIONS))), ("owner", "dek_id", "wrapped")
+)
+
+
 def _create(conn: Connection) -> None:
     metadata.create_all(conn, tables=[data_keys])
-    if conn.dialect.name != "postgresql":
-        return
-    for i in range(PARTITIONS):
-        conn.exec_driver_sql(
-            f"CREATE TABLE {SCHEMA}.data_keys_p{i} PARTITION OF {SCHEMA}.data_keys "
-            f"FOR VALUES WITH (MODULUS {PARTITIONS}, REMAINDER {i})"
-        )
-    for column in ("owner", "dek_id", "wrapped"):  # never sampled into pg_statistic
-        conn.exec_driver_sql(f"ALTER TABLE {SCHEMA}.data_keys ALTER COLUMN {column} SET STATISTICS 0")
-        for i in range(PARTITIONS):
-            conn.exec_driver_sql(
-                f"ALTER TABLE {SCHEMA}.data_keys_p{i} ALTER COLUMN {column} SET STATISTICS 0"
-            )
+    hooks(conn.dialect).hash_partitions(conn, SCHEMA, data_keys.name, PARTITIONS)
+    no_statistics(conn, SCHEMA, NO_STATISTICS)
 
 
 MIGRATIONS = [Migration(1, "data_keys: per-owner data keys, wrapped, partitioned by owner", _create)]
 
 
+def _erase(ring: KeyRing | None, erasing: Erasing) -> Erased | None:
+    """The owner's data keys, last: whatever sealed bytes of theirs remain can no longer be opened."""
+    if ring is None:
+        return None
+    shredded = ring.shred(erasing.owner)
+    return Erased({"data_keys": shredded.keys}, shredded.locations)
+
+
+STORE: StoreSpec[KeyRing] = StoreSpec(
+    "keys",
+    lives_in="workflow",
+    schema=SCHEMA,
+    metadata=metadata,
+    migrations=MIGRATIONS,
+    no_statistics=NO_STATISTICS,
+    erase=_erase,
+    enabled=lambda settings: settings.keys != "none",
+)
+
+
 def setup(db: Database) -> None:
     """Create or upgrade the key tables (idempotent)."""
-    upgrade(db, "keys", SCHEMA, MIGRATIONS)
+    STORE.upgrade(db)
 
 
 def is_sealed(value: str) -> bool:
@@ -421,16 +439,7 @@ class KeyRing:
         return key
 
     def _partition_of(self, conn: Connection, owner: str) -> str | None:
-        if self.db.name != "postgresql":
-            return None
-        for i in range(PARTITIONS):
-            hit = conn.execute(
-                sa.text("SELECT satisfies_hash_partition(CAST(:p AS regclass), :m, :r, CAST(:o AS text))"),
-                {"p": f"{SCHEMA}.data_keys", "m": PARTITIONS, "r": i, "o": owner},
-            ).scalar_one()
-            if hit:
-                return f"{SCHEMA}.data_keys_p{i}"
-        raise AssertionError("hash partitions cover every owner")  # pragma: no cover
+        return self.db.dialect.partition_holding(conn, SCHEMA, data_keys.name, PARTITIONS, owner)
 
 
 def _now() -> datetime:

@@ -123,14 +123,10 @@ class Runtime:
         settings.check()
         from statekeep.audit import AuditLog
         from statekeep.keys import open_key_ring
+        from statekeep.stores import Databases
 
-        dbs: dict[str, Database] = {}
-
-        def db(store: str) -> Database:
-            url = settings.url_for(store)
-            return dbs.setdefault(url, Database(url, setting=f"STATEKEEP_{store.upper()}_URL"))
-
-        keys = open_key_ring(settings, db("workflow"))  # keys live with the workflow store
+        db = Databases(settings).of  # each store's database, as it declares; one per URL
+        keys = open_key_ring(settings, db("keys"))
         working = SQLWorkingStateStore(db("working"), keys=keys)
         workflow = SQLWorkflowStore(db("workflow"), keys=keys)
         engine = Engine(workflow, Registry(), state_store=working, lease=lease)
@@ -144,7 +140,7 @@ class Runtime:
         # load the tokenizer now: loading it holds the GIL for a few hundred ms, which in the
         # middle of an arun would stall the caller's event loop from the worker thread
         context.counter.count("")
-        audit = AuditLog(db("workflow"))
+        audit = AuditLog(db("audit"))
         return cls(
             engine=engine,
             context=context,

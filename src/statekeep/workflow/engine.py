@@ -368,7 +368,7 @@ def _invoke(exe: Execution, store: WorkflowStore, stored: dict[str, Any]) -> Any
     if not workflow.is_async:
         return workflow.fn(ctx, *args, **kwargs)
     db = getattr(store, "db", None)
-    if isinstance(db, Database) and db.name == "sqlite" and db.url.database in (None, "", ":memory:"):
+    if isinstance(db, Database) and db.in_memory:
         # each thread would see its own empty in-memory database
         raise ConfigError(db.setting, str(db.url), "async workflows need a SQLite file, not :memory:")
 

@@ -7,13 +7,19 @@ key ring, ``sk1:`` tokens sealed with the data key of the run's ``owner``.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from statekeep.db import Database, Migration, upgrade
+from statekeep.db import Database, Migration
+from statekeep.db.catalog import Erased, Erasing, StoreSpec
+from statekeep.db.dialects import no_statistics, schema_for
 from statekeep.db.migrations import create_tables
 from statekeep.db.types import UTCDateTime
+
+if TYPE_CHECKING:
+    from statekeep.workflow.base import WorkflowStore
 
 SCHEMA = "statekeep_workflow"
 metadata = sa.MetaData(schema=SCHEMA)
@@ -153,6 +159,9 @@ SEALED = {
     "approvals": ("args", "comment", "result"),
     "events": ("payload",),
 }
+#: ANALYZE would copy sampled payloads and owner ids into pg_statistic, which erasure does not
+#: rewrite; the planner needs neither.
+NO_STATISTICS = {**SEALED, "runs": (*SEALED["runs"], "owner")}
 
 
 def _add_run_owner(conn: Connection) -> None:
@@ -177,17 +186,12 @@ def _add_run_owner(conn: Connection) -> None:
             continue
         if isinstance(args, list) and len(args) == 3 and isinstance(args[0], str):
             conn.execute(runs.update().where(runs.c.run_id == run_id).values(owner=args[0]))
-    # ANALYZE would copy sampled payloads and owner ids into pg_statistic, which erasure does
-    # not rewrite; the planner needs neither.
-    if conn.dialect.name == "postgresql":
-        for table, columns in {**SEALED, "runs": (*SEALED["runs"], "owner")}.items():
-            for column in columns:
-                conn.exec_driver_sql(f"ALTER TABLE {SCHEMA}.{table} ALTER COLUMN {column} SET STATISTICS 0")
+    no_statistics(conn, SCHEMA, NO_STATISTICS)
 
 
 def _schema(conn: Connection) -> str | None:
     # SQLite has no schemas: the Database maps the store's schema away (see db.engine)
-    return SCHEMA if conn.dialect.name == "postgresql" else None
+    return schema_for(conn, SCHEMA)
 
 
 MIGRATIONS = [
@@ -203,6 +207,23 @@ MIGRATIONS = [
 ]
 
 
+def _erase(store: WorkflowStore | None, erasing: Erasing) -> Erased | None:
+    """The owner's runs, with their journal, ledger, approvals and events."""
+    return None if store is None else Erased(store.delete_owner(erasing.owner))
+
+
+STORE: StoreSpec[WorkflowStore] = StoreSpec(
+    "workflow",
+    lives_in="workflow",
+    schema=SCHEMA,
+    metadata=metadata,
+    migrations=MIGRATIONS,
+    sealed=SEALED,
+    no_statistics=NO_STATISTICS,
+    erase=_erase,
+)
+
+
 def setup(db: Database) -> None:
     """Create or upgrade the workflow tables (idempotent)."""
-    upgrade(db, "workflow", SCHEMA, MIGRATIONS)
+    STORE.upgrade(db)

@@ -16,7 +16,9 @@ import dataclasses
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from statekeep.db import Database, Migration, upgrade
+from statekeep.db import Database, Migration
+from statekeep.db.catalog import Erased, Erasing, StoreSpec
+from statekeep.db.dialects import no_statistics
 from statekeep.db.migrations import create_tables
 from statekeep.db.types import UTCDateTime
 from statekeep.errors import VersionConflictError
@@ -40,10 +42,14 @@ versions = sa.Table(
 )
 
 
+#: The state JSON, sealed with the run owner's data key when the store has a key ring.
+SEALED = {"working_versions": ("state",)}
+#: ANALYZE would copy sampled states into pg_statistic, which erasure does not rewrite.
+NO_STATISTICS = SEALED
+
+
 def _no_statistics(conn: Connection) -> None:
-    # ANALYZE would copy sampled states into pg_statistic, which erasure does not rewrite
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(f"ALTER TABLE {SCHEMA}.working_versions ALTER COLUMN state SET STATISTICS 0")
+    no_statistics(conn, SCHEMA, NO_STATISTICS)
 
 
 MIGRATIONS = [
@@ -52,9 +58,26 @@ MIGRATIONS = [
 ]
 
 
+def _erase(store: WorkingStateStore | None, erasing: Erasing) -> Erased:
+    """The versions of the owner's runs (the working store knows runs, not owners)."""
+    return Erased({"versions": store.delete(*erasing.run_ids) if store is not None else 0})
+
+
+STORE: StoreSpec[WorkingStateStore] = StoreSpec(
+    "working",
+    lives_in="working",
+    schema=SCHEMA,
+    metadata=metadata,
+    migrations=MIGRATIONS,
+    sealed=SEALED,
+    no_statistics=NO_STATISTICS,
+    erase=_erase,
+)
+
+
 def setup(db: Database) -> None:
     """Create or upgrade the working-state tables (idempotent)."""
-    upgrade(db, "working", SCHEMA, MIGRATIONS)
+    STORE.upgrade(db)
 
 
 def latest_version(conn: Connection, run_id: str) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from statekeep.db import Database, Migration, upgrade
+from statekeep.db.catalog import StoreSpec
 from statekeep.db.migrations import create_tables
 
 SCHEMA = "statekeep_langgraph"
@@ -95,6 +96,13 @@ MIGRATIONS = [
     Migration(2, "deleted threads", create_tables(metadata, "deleted_threads")),
     Migration(3, "refused late checkpoints", create_tables(metadata, "refused_checkpoints")),
 ]
+
+
+#: The saver's declaration. Its checkpoints name threads, not owners, so erasure does not reach
+#: them yet (``erase`` is None; see :data:`statekeep.erasure.NOT_REACHED`).
+STORE: StoreSpec[Database] = StoreSpec(
+    "langgraph", lives_in="workflow", schema=SCHEMA, metadata=metadata, migrations=MIGRATIONS
+)
 
 
 def setup(db: Database) -> None:
