@@ -119,3 +119,22 @@ def test_connections_opening_a_new_sqlite_file_together_all_get_in(tmp_path: Pat
         for thread in threads:
             thread.join()
     assert failures == []
+
+
+def test_an_in_memory_sqlite_database_is_told_apart_from_a_file_and_a_server(tmp_path: Path) -> None:
+    """`in_memory` is true only for SQLite without a file; a file's folder is created, a server has none."""
+    for url in ("sqlite://", "sqlite:///:memory:"):
+        db = Database(url)
+        assert db.in_memory
+        assert db.dialect.file_of(db.url) is None
+        db.dispose()
+    path = tmp_path / "new" / "statekeep.db"
+    on_file = Database(f"sqlite:///{path}")
+    assert not on_file.in_memory
+    assert on_file.dialect.file_of(on_file.url) == path
+    assert path.parent.is_dir()
+    on_file.dispose()
+    server = Database("postgresql://someone@localhost/nothing")  # no connection is made
+    assert not server.in_memory
+    assert server.dialect.file_of(server.url) is None
+    server.dispose()
