@@ -49,7 +49,7 @@ def runs_list(
 ) -> None:
     """List runs, newest first, a page at a time; the total and the next page are shown."""
     from statekeep.workflow import RunStatus
-    from statekeep.workflow.base import run_owner
+    from statekeep.workflow.search import run_owner
 
     wanted = None if status is None else parse_status(status, RunStatus)
     page = open_workflow(database_url, home).search_runs(
@@ -164,7 +164,7 @@ def runs_retry(run_id: RunID, database_url: DatabaseURL = None, home: Home = Non
 
 
 def _run_json(run: Run) -> dict[str, Any]:
-    from statekeep.workflow.base import run_owner
+    from statekeep.workflow.search import run_owner
 
     return {
         "run_id": run.run_id,

@@ -21,7 +21,7 @@ from statekeep.errors import InvalidInputError, NotFoundError
 from statekeep.web.access import Access, Grant
 from statekeep.web.stores import Stores
 from statekeep.workflow import Approval, Run, RunStatus
-from statekeep.workflow.base import run_owner
+from statekeep.workflow.search import run_owner
 
 #: What a person decides about a wait-free run, in the order the console lists statuses.
 STATUSES = [s.value for s in RunStatus]

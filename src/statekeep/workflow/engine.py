@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any, ParamSpec, TypeVar
 
 from statekeep import tracing
-from statekeep._check import check_id, check_seconds
+from statekeep._check import check_id, check_run_id, check_seconds
 from statekeep.db import Database, aio
 from statekeep.errors import (
     ConfigError,
@@ -27,14 +27,14 @@ from statekeep.errors import (
 from statekeep.keys import KeyRing
 from statekeep.workflow import codec
 from statekeep.workflow._types import FINISHED, Run, RunStatus
-from statekeep.workflow.base import WorkflowStore, now
+from statekeep.workflow.base import WorkflowStore
 from statekeep.workflow.execution import Execution
 from statekeep.workflow.leases import Heartbeats
 from statekeep.workflow.registry import Registry, Workflow
 from statekeep.workflow.run_context import AsyncRunContext, RunContext
+from statekeep.workflow.run_write import now
 from statekeep.workflow.sql import SQLWorkflowStore
 from statekeep.working import WorkingStateStore
-from statekeep.working.base import check_run_id
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -27,8 +27,9 @@ from statekeep.db import aio
 from statekeep.errors import InvalidInputError, NonDeterminismError, StateNotFoundError, StepOutputError
 from statekeep.workflow import codec
 from statekeep.workflow._types import Checkpoint, ReplayEntry, Run, StepKind, StepRecord
-from statekeep.workflow.base import RunWrite, StagedState, WorkflowStore, now
+from statekeep.workflow.base import WorkflowStore
 from statekeep.workflow.registry import Workflow
+from statekeep.workflow.run_write import RunWrite, StagedState, now
 from statekeep.working import StateVersion, WorkingStateStore
 
 T = TypeVar("T")

@@ -23,9 +23,9 @@ from statekeep.db import aio
 from statekeep.errors import ConfigError, LeaseLostError, SealedDataError, StepFailedError, StorageError
 from statekeep.workflow import codec, tools, waits
 from statekeep.workflow._types import Checkpoint, Run
-from statekeep.workflow.base import now
 from statekeep.workflow.execution import Execution
 from statekeep.workflow.registry import Step, Tool, Workflow
+from statekeep.workflow.run_write import now
 
 #: A step named by a string, checked once per name (a replay re-walks the same few names thousands of times).
 _step = functools.lru_cache(maxsize=1024)(Step)

@@ -23,9 +23,9 @@ from statekeep.errors import (
 )
 from statekeep.workflow import codec
 from statekeep.workflow._types import Approval, LedgerEntry, Reconciliation, RunStatus
-from statekeep.workflow.base import now
 from statekeep.workflow.execution import Execution
 from statekeep.workflow.registry import Tool
+from statekeep.workflow.run_write import now
 
 
 def call(exe: Execution, tool: Tool[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
