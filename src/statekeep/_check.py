@@ -166,6 +166,16 @@ def check_id(value: object, field: str) -> str:
     return check_text(value, field, limit=MAX_ID)
 
 
+def check_run_id(run_id: object) -> str:
+    """A run id: a non-empty string of at most :data:`MAX_ID` characters that every backend can store.
+
+    Run ids are the workflow store's, and the working-state store keys its versions
+    by them; it lives on this floor because the working store never imports the
+    workflow store.
+    """
+    return check_id(run_id, "run_id")
+
+
 def check_optional_id(value: object, field: str) -> str | None:
     """None, or an identifier as :func:`check_id` takes it."""
     return None if value is None else check_id(value, field)

@@ -265,7 +265,7 @@ class NextContext:
 
 def find_session_run(store: WorkflowStore, session_id: str) -> Run | None:
     """The newest agent run of a session (its run id is the session id unless it was started with one)."""
-    from statekeep.workflow.base import run_owner
+    from statekeep.workflow.search import run_owner
 
     def session_of(run: Run) -> str | None:
         args = run.input.get("args") if isinstance(run.input, dict) else None

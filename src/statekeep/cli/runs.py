@@ -49,7 +49,7 @@ def runs_list(
 ) -> None:
     """List runs, newest first, a page at a time; the total and the next page are shown."""
     from statekeep.workflow import RunStatus
-    from statekeep.workflow.base import run_owner
+    from statekeep.workflow.search import run_owner
 
     wanted = None if status is None else parse_status(status, RunStatus)
     page = open_workflow(database_url, home).search_runs(
@@ -164,7 +164,7 @@ def runs_retry(run_id: RunID, database_url: DatabaseURL = None, home: Home = Non
 
 
 def _run_json(run: Run) -> dict[str, Any]:
-    from statekeep.workflow.base import run_owner
+    from statekeep.workflow.search import run_owner
 
     return {
         "run_id": run.run_id,
@@ -302,7 +302,7 @@ def _decide(
     home: str | None,
 ) -> Approval:
     """Record a decision, trace it, and put it in the audit log."""
-    from statekeep import tracing
+    from statekeep.workflow import spans
 
     value = None
     if result is not None:
@@ -312,7 +312,7 @@ def _decide(
             raise InvalidInputError(f"must be JSON: {exc}", field="--result") from exc
     store = open_workflow(database_url, home)
     decided = store.decide(approval_id, approve=approve, by=by, comment=comment, result=value)
-    tracing.approval_decided(decided, store.find(decided.run_id), via="cli")
+    spans.approval_decided(decided, store.find(decided.run_id), via="cli")
     action: Action = "approve" if approve else "reject"
     record_audit(database_url, home, action, decided.approval_id, {"run": decided.run_id, "by": by})
     return decided

@@ -10,13 +10,12 @@ from typing import Any, ClassVar, Literal, get_args
 
 import pydantic
 
-from statekeep._check import MAX_ID, check_int, check_text, check_unicode
+from statekeep._check import MAX_ID, check_int, check_run_id, check_text, check_unicode
 from statekeep.errors import InvalidInputError
 from statekeep.models import INVALID_ARGUMENTS, ToolSpec
 from statekeep.runtime.schema import arguments_model, describe, explain, json_schema
 from statekeep.workflow import Reconciler, RetryPolicy
 from statekeep.working import WorkingState
-from statekeep.working.base import check_run_id
 
 #: What happens when a tool raises (after its transient errors were retried):
 #: ``model``, the error is the tool's result and the model decides; ``fail``, the run

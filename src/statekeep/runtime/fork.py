@@ -14,7 +14,7 @@ from statekeep.context import ContextStore
 from statekeep.errors import AgentError, InvalidInputError, RunConflictError, StateNotFoundError
 from statekeep.runtime.agent import AgentState, check_words
 from statekeep.workflow import Engine, Run
-from statekeep.workflow.base import MAX_SEQ
+from statekeep.workflow._types import MAX_SEQ
 from statekeep.working import WorkingStateStore
 
 

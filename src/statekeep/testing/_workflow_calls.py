@@ -32,7 +32,7 @@ from statekeep.workflow import (
     WorkflowStore,
     codec,
 )
-from statekeep.workflow.base import now
+from statekeep.workflow.run_write import now
 
 
 class CallsAndWaits:

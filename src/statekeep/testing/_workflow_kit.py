@@ -17,7 +17,7 @@ from statekeep.workflow import (
     WorkflowStore,
     codec,
 )
-from statekeep.workflow.base import now
+from statekeep.workflow.run_write import now
 from statekeep.working import WorkingState
 
 #: Opens a store over the test's data; each call sees what stores from earlier calls wrote.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from statekeep.testing._workflow_calls import CallsAndWaits
-from statekeep.testing._workflow_kit import WorkflowStoreFactory as WorkflowStoreFactory
+from statekeep.testing._workflow_kit import WorkflowStoreFactory
 from statekeep.testing._workflow_runs import RunsAndLeases
 from statekeep.workflow import (
     WorkflowStore,

@@ -23,7 +23,7 @@ from typing import Any
 from statekeep._check import check_id
 from statekeep.errors import ConfigError, InvalidInputError
 from statekeep.workflow import Approval, Run
-from statekeep.workflow.base import run_owner
+from statekeep.workflow.search import run_owner
 
 MIN_TOKEN_LENGTH = 16
 #: The largest request body the webhook reads, unless ``create_app(max_body=...)`` says otherwise.

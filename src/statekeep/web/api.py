@@ -14,14 +14,14 @@ from typing import Any, Literal
 from fastapi import HTTPException
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from statekeep import _inspect, tracing
+from statekeep import _inspect
 from statekeep.audit import Action, AuditLog
 from statekeep.db import Database
 from statekeep.errors import InvalidInputError, NotFoundError
 from statekeep.web.access import Access, Grant
 from statekeep.web.stores import Stores
-from statekeep.workflow import Approval, Run, RunStatus
-from statekeep.workflow.base import run_owner
+from statekeep.workflow import Approval, Run, RunStatus, spans
+from statekeep.workflow.search import run_owner
 
 #: What a person decides about a wait-free run, in the order the console lists statuses.
 STATUSES = [s.value for s in RunStatus]
@@ -403,7 +403,7 @@ class Api:
             comment=decision.comment,
             result=decision.result,
         )
-        tracing.approval_decided(decided, self.store.find(decided.run_id), via=via)
+        spans.approval_decided(decided, self.store.find(decided.run_id), via=via)
         self._audit(grant, "approve" if decision.approve else "reject", approval_id, {"run": decided.run_id})
         return self._approval_out(decided, {})
 
@@ -444,7 +444,7 @@ class Api:
         with self.stores.memory_writer() as store:
             receipt = store.forget_one(owner, memory_id) if memory_id else store.forget(owner)
         self._audit(grant, "forget_memories", owner, {"removed": receipt.removed})
-        tracing.worker_log.info(
+        spans.worker_log.info(
             "memories erased", extra={"status": f"{receipt.removed} removed", "worker": grant.identity}
         )
         return receipt.as_dict()

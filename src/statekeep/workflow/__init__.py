@@ -21,12 +21,13 @@ from statekeep.workflow._types import (
     RunStatus,
     StepRecord,
 )
-from statekeep.workflow.base import RunWrite, WorkflowStore
+from statekeep.workflow.base import WorkflowStore
 from statekeep.workflow.engine import Engine
 from statekeep.workflow.execution import Finish
 from statekeep.workflow.inmemory import InMemoryWorkflowStore
 from statekeep.workflow.registry import Reconciler, Registry, Step, Tool, Workflow
 from statekeep.workflow.run_context import AsyncRunContext, RunContext
+from statekeep.workflow.run_write import RunWrite
 from statekeep.workflow.sql import SQLWorkflowStore
 from statekeep.workflow.worker import Worker
 

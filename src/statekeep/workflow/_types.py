@@ -43,6 +43,15 @@ class RunStatus(enum.StrEnum):
 
 FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 
+#: Runs a person or a worker still has to act on.
+LIVE = frozenset(s for s in RunStatus if not s.finished)
+
+#: The largest journal position: seq columns are 32-bit integers.
+MAX_SEQ = 2**31 - 1
+
+#: Approval statuses, in the order a person meets them.
+APPROVAL_STATUSES = ("pending", "approved", "rejected", "expired", "withdrawn")
+
 
 @dataclass(frozen=True, slots=True)
 class Run:

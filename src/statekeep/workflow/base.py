@@ -1,10 +1,12 @@
-"""The workflow store's contract: what a backend implements (its fenced writes: :mod:`.run_write`).
+"""The workflow store's contract: public methods that validate once, over the primitives a backend implements.
 
-A backend implements :class:`WorkflowStore` (runs, leases, the journal, the
-ledger, approvals, events) and the :class:`~statekeep.workflow.run_write.RunWrite`
-that :meth:`WorkflowStore.fenced` hands out (that module says what fencing refuses).
-The engine and the run context never see SQL; ``statekeep.testing`` checks that a
-backend keeps the invariants.
+:class:`WorkflowStore`'s public methods (runs, leases, the journal, the ledger,
+approvals, events, retention, erasure) check their arguments here, once, and call
+a private primitive (``_find``, ``_cancel``, ``_decide``...) with checked values;
+a backend implements the primitives and the
+:class:`~statekeep.workflow.run_write.RunWrite` that ``_fenced`` hands out (that
+module says what fencing refuses). The engine and the run context never see
+SQL; ``statekeep.testing`` checks that a backend keeps the invariants.
 """
 
 from __future__ import annotations
@@ -12,10 +14,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+from statekeep._check import check_id, check_int, check_optional_id, check_run_id
+from statekeep.errors import ApprovalExpiredError, RunNotFoundError
 from statekeep.workflow._types import (
+    MAX_SEQ,
     Approval,
     Checkpoint,
     LedgerEntry,
@@ -25,24 +31,21 @@ from statekeep.workflow._types import (
     RunStatus,
     StepRecord,
 )
-from statekeep.workflow.run_write import RunWrite, StagedState, now
-from statekeep.workflow.search import (
-    MAX_PAGE,
-    check_run_filters,
-    page_of,
-    run_matches,
-    run_owner,
-    statuses,
+from statekeep.workflow.rules import (
+    check_approval_filters,
+    check_approvals_page,
+    check_decision,
+    check_event,
+    check_retention,
+    check_run_ids,
+    purge_selection,
+    same_run,
 )
+from statekeep.workflow.run_write import RunWrite
+from statekeep.workflow.search import check_run_filters, page_of, run_matches, run_owner, statuses
 
-#: The largest journal position: seq columns are 32-bit integers.
-MAX_SEQ = 2**31 - 1
-
-#: Approval statuses, in the order a person meets them.
-APPROVAL_STATUSES = ("pending", "approved", "rejected", "expired", "withdrawn")
-
-#: Runs a person or a worker still has to act on.
-LIVE = frozenset(s for s in RunStatus if not s.finished)
+#: The statuses a run filter asks for (None: every status).
+Wanted = list[RunStatus] | None
 
 
 class WorkflowStore(ABC):
@@ -52,11 +55,16 @@ class WorkflowStore(ABC):
     PostgreSQL; :class:`~statekeep.workflow.InMemoryWorkflowStore` the reference
     in process memory. Reads take a run id; every write of a running worker goes
     through :meth:`fenced`.
+
+    A backend implements the abstract primitives below (each receives checked
+    arguments); ``_search_runs``, ``_workflow_names`` and ``_replay`` have
+    defaults over the others that a backend may replace with queries, and
+    ``_runs_of`` and ``_delete_owner`` (erasure by owner) are optional: without
+    them :meth:`runs_of` and :meth:`delete_owner` raise ``NotImplementedError``.
     """
 
     # --- runs -----------------------------------------------------------------------------
 
-    @abstractmethod
     def open_run(self, run: dict[str, Any], *, parent: Run | None = None) -> Run:
         """Insert a new run (``run`` holds its fields) or return the existing one with that id.
 
@@ -67,12 +75,12 @@ class WorkflowStore(ABC):
             RunConflictError: the id is taken by another workflow or another input.
             LeaseLostError: ``parent`` was taken over; nothing was written.
         """
+        return same_run(self._open_run(run, parent), run)
 
-    @abstractmethod
     def find(self, run_id: str) -> Run | None:
         """The run with this id, or None."""
+        return self._find(check_run_id(run_id))
 
-    @abstractmethod
     def list_runs(
         self,
         *,
@@ -82,6 +90,10 @@ class WorkflowStore(ABC):
         limit: int = 1000,
     ) -> list[Run]:
         """Runs filtered by status (a status, its name, or several), workflow name or parent, oldest first."""
+        limit = check_int(limit, "limit", minimum=1)
+        wanted = None if status is None else statuses(status)
+        workflow = check_optional_id(workflow, "workflow")
+        return self._list_runs(wanted, workflow, check_optional_id(parent_id, "parent_id"), limit)
 
     def search_runs(
         self,
@@ -98,27 +110,20 @@ class WorkflowStore(ABC):
 
         ``owner`` (one or several) keeps the runs of those owners (:func:`run_owner`);
         ``text`` keeps runs whose id, workflow, input or error contains it (any case);
-        ``run_ids`` keeps only those runs. This default reads every run of the
-        workflow; a backend overrides it with queries.
+        ``run_ids`` keeps only those runs.
 
         Raises:
             InvalidInputError: a malformed filter, ``limit`` not from 1 to 1000, a negative ``offset``.
         """
         owners, needle, ids = check_run_filters(owner, text, run_ids, limit, offset)
-        matched = [
-            run
-            for run in self.list_runs(workflow=workflow, limit=MAX_SEQ)
-            if (owners is None or run_owner(run) in owners)
-            and (ids is None or run.run_id in ids)
-            and (needle is None or run_matches(run, needle))
-        ]
-        return page_of(matched, status, limit, offset)
+        workflow = check_optional_id(workflow, "workflow")
+        wanted = None if status is None else statuses(status)
+        return self._search_runs(RunFilter(wanted, workflow, owners, needle, ids), limit, offset)
 
     def workflow_names(self) -> list[str]:
         """The names of the workflows that have runs, sorted."""
-        return sorted({r.workflow for r in self.list_runs(limit=MAX_SEQ)})
+        return self._workflow_names()
 
-    @abstractmethod
     def cancel(self, run_id: str) -> Run:
         """Cancel a live run; its lease is revoked (epoch bumped) so no worker advances it.
 
@@ -126,8 +131,8 @@ class WorkflowStore(ABC):
             RunNotFoundError: no such run.
             RunFinishedError: the run has already finished.
         """
+        return self._cancel(check_run_id(run_id))
 
-    @abstractmethod
     def retry(self, run_id: str) -> Run:
         """Make a failed run runnable again; it continues after its last completed step.
 
@@ -140,8 +145,8 @@ class WorkflowStore(ABC):
             RunNotFoundError: no such run.
             InvalidInputError: the run has not failed.
         """
+        return self._retry(check_run_id(run_id))
 
-    @abstractmethod
     def fork(self, run_id: str, at_seq: int, run: dict[str, Any]) -> Run:
         """Start the run ``run["run_id"]`` from the journal of ``run_id`` up to ``at_seq``.
 
@@ -158,6 +163,10 @@ class WorkflowStore(ABC):
             InvalidInputError: ``at_seq`` is past the source's last completed step.
             RunConflictError: the new id is taken by another run.
         """
+        check_run_id(run_id)
+        new_id = check_run_id(run["run_id"])
+        at_seq = check_int(at_seq, "at_seq", maximum=MAX_SEQ)
+        return self._fork(run_id, at_seq, {**run, "run_id": new_id})
 
     def get(self, run_id: str) -> Run:
         """The run with this id.
@@ -165,8 +174,6 @@ class WorkflowStore(ABC):
         Raises:
             RunNotFoundError: no such run.
         """
-        from statekeep.errors import RunNotFoundError
-
         run = self.find(run_id)
         if run is None:
             raise RunNotFoundError(run_id)
@@ -179,7 +186,6 @@ class WorkflowStore(ABC):
 
     # --- leases ---------------------------------------------------------------------------
 
-    @abstractmethod
     def acquire(self, run_id: str, owner: str, lease: float, *, parent: Run | None = None) -> Run | None:
         """Take a run for ``owner``: bump its epoch (fencing every earlier holder) and lease it.
 
@@ -198,45 +204,50 @@ class WorkflowStore(ABC):
             RunNotFoundError: no such run.
             LeaseLostError: ``parent`` was taken over; nothing was written.
         """
+        return self._acquire(run_id, owner, lease, parent)
 
-    @abstractmethod
     def claim(self, owner: str, lease: float, limit: int, workflows: Iterable[tuple[str, int]]) -> list[Run]:
         """Claim up to ``limit`` runnable runs (due, lease lapsed) of the given (workflow, version) pairs."""
+        pairs = list(dict.fromkeys(workflows))
+        return self._claim(owner, lease, limit, pairs) if pairs else []
 
-    @abstractmethod
     def heartbeat(self, run_id: str, epoch: int, lease: float) -> bool:
         """Extend a lease; False when the epoch is stale (the run was taken over)."""
+        return self._heartbeat(run_id, epoch, lease)
 
     def shares(self, db: object) -> bool:
         """True when a :class:`RunWrite` of this store can lend its connection to writes on ``db``."""
         return False
 
-    @abstractmethod
     def fenced(self, run: Run) -> AbstractContextManager[RunWrite]:
         """A write transaction of ``run`` that goes through only while ``run.epoch`` is current.
 
         Raises:
             LeaseLostError: another worker took the run over; nothing was written.
         """
+        return self._fenced(run)
 
     # --- journal and ledger ---------------------------------------------------------------
 
-    @abstractmethod
     def journal(self, run_id: str, start: int, size: int) -> list[StepRecord]:
         """Journal entries ``start <= seq < start + size`` of a run, in order."""
+        check_run_id(run_id)
+        start = check_int(start, "start", maximum=MAX_SEQ)
+        last = min(start + check_int(size, "size", maximum=MAX_SEQ) - 1, MAX_SEQ)
+        return self._journal(run_id, start, last)
 
-    @abstractmethod
     def tool_calls(self, run_id: str) -> list[LedgerEntry]:
         """Every ledger entry of a run, in order."""
+        return self._tool_calls(check_run_id(run_id))
 
-    @abstractmethod
     def tool_call(self, run_id: str, seq: int) -> LedgerEntry | None:
         """The ledger entry at a journal position, or None."""
+        check_run_id(run_id)
+        return self._tool_call(run_id, check_int(seq, "seq", maximum=MAX_SEQ))
 
     def replay(self, run_id: str, start: int, size: int) -> list[ReplayEntry]:
-        """What replay needs of entries ``start <= seq < start + size`` (default: from :meth:`journal`)."""
-        entries = self.journal(run_id, start, size)
-        return [ReplayEntry(s.seq, s.name, s.kind, s.state_version, s.output) for s in entries]
+        """What replay needs of entries ``start <= seq < start + size`` (unchecked: the engine reads)."""
+        return self._replay(run_id, start, min(start + size - 1, MAX_SEQ))
 
     def steps(self, run_id: str) -> list[StepRecord]:
         """Every journal entry of a run, in order."""
@@ -244,7 +255,6 @@ class WorkflowStore(ABC):
 
     # --- approvals and events -------------------------------------------------------------
 
-    @abstractmethod
     def approvals(
         self,
         *,
@@ -270,8 +280,10 @@ class WorkflowStore(ABC):
                 ``limit`` out of range.
             ApprovalNotFoundError: no approval has the id ``after``.
         """
+        wanted = check_approval_filters(status, run_id, kind, action)
+        limit, after = check_approvals_page(limit, after)
+        return self._approvals(wanted, limit, after)
 
-    @abstractmethod
     def approval(self, approval_id: str) -> Approval:
         """One approval by id.
 
@@ -279,12 +291,12 @@ class WorkflowStore(ABC):
             InvalidInputError: ``approval_id`` is not an id.
             ApprovalNotFoundError: no such approval.
         """
+        return self._approval(check_id(approval_id, "approval_id"))
 
-    @abstractmethod
     def approval_at(self, run_id: str, seq: int, kind: str) -> Approval | None:
         """The latest approval of ``kind`` a run opened at a journal position, if any."""
+        return self._approval_at(run_id, seq, kind)
 
-    @abstractmethod
     def decide(
         self, approval_id: str, *, approve: bool, by: str, comment: str | None = None, result: Any = None
     ) -> Approval:
@@ -301,8 +313,12 @@ class WorkflowStore(ABC):
             ApprovalExpiredError: the approval expired (now or before); it is recorded as
                 expired and fails closed.
         """
+        encoded = check_decision(approval_id, approve, by, comment, result)
+        decided = self._decide(approval_id, Decision(approve, by, comment, encoded))
+        if decided.status == "expired":  # recorded as expired (and committed) before this raises
+            raise ApprovalExpiredError(approval_id, decided.action, "expired before a decision")
+        return decided
 
-    @abstractmethod
     def send_event(self, run_id: str, name: str, payload: Any = None) -> None:
         """Deliver a named event to a run: woken if it waits for it, kept until it does otherwise.
 
@@ -311,10 +327,11 @@ class WorkflowStore(ABC):
             RunNotFoundError: no such run.
             RunFinishedError: the run has finished; the event is refused.
         """
+        check_run_id(run_id)
+        self._send_event(run_id, name, check_event(name, payload))
 
     # --- retention ------------------------------------------------------------------------
 
-    @abstractmethod
     def purgeable(
         self,
         *,
@@ -323,24 +340,12 @@ class WorkflowStore(ABC):
         workflow: str | None = None,
     ) -> list[str]:
         """The ids :meth:`purge` would delete, without deleting anything."""
+        check_retention(older_than, keep_last, workflow)
+        return purge_selection(self._finished_runs(workflow), older_than, keep_last)
 
-    @abstractmethod
     def delete_runs(self, run_ids: list[str]) -> int:
         """Delete these finished runs with their journal, ledger, approvals and events; live ones are kept."""
-
-    # --- erasure --------------------------------------------------------------------------
-
-    def runs_of(self, owner: str) -> list[Run]:
-        """Every run of ``owner`` (any status, child runs included), oldest first."""
-        raise NotImplementedError(f"{type(self).__name__} cannot find runs by owner")
-
-    def delete_owner(self, owner: str) -> dict[str, int]:
-        """Erasure: delete every finished run of ``owner`` with its journal, ledger, approvals and events.
-
-        Returns the counts removed (``runs``, ``steps``, ``tool_calls``,
-        ``approvals``, ``events``). Live runs are kept (cancel them first).
-        """
-        raise NotImplementedError(f"{type(self).__name__} cannot erase by owner")
+        return self._delete_runs(check_run_ids(run_ids))
 
     def purge(
         self,
@@ -358,22 +363,179 @@ class WorkflowStore(ABC):
         """
         return self.delete_runs(self.purgeable(older_than=older_than, keep_last=keep_last, workflow=workflow))
 
+    # --- erasure --------------------------------------------------------------------------
+
+    def runs_of(self, owner: str) -> list[Run]:
+        """Every run of ``owner`` (any status, child runs included), oldest first."""
+        return self._runs_of(check_id(owner, "owner"))
+
+    def delete_owner(self, owner: str) -> dict[str, int]:
+        """Erasure: delete every finished run of ``owner`` with its journal, ledger, approvals and events.
+
+        Returns the counts removed (``runs``, ``steps``, ``tool_calls``,
+        ``approvals``, ``events``). Live runs are kept (cancel them first).
+        """
+        return self._delete_owner(check_id(owner, "owner"))
+
     def close(self) -> None:  # noqa: B027 - a backend without resources has nothing to release
         """Release connections; the store must not be used afterwards."""
 
+    # --- the primitives a backend implements ------------------------------------------------
 
-__all__ = [
-    "APPROVAL_STATUSES",
-    "LIVE",
-    "MAX_PAGE",
-    "MAX_SEQ",
-    "RunWrite",
-    "StagedState",
-    "WorkflowStore",
-    "check_run_filters",
-    "now",
-    "page_of",
-    "run_matches",
-    "run_owner",
-    "statuses",
-]
+    @abstractmethod
+    def _open_run(self, run: dict[str, Any], parent: Run | None) -> Run:
+        """Insert ``run`` unless its id exists (fenced by ``parent``'s epoch); return the stored run."""
+
+    @abstractmethod
+    def _find(self, run_id: str) -> Run | None:
+        """The run with this id, or None."""
+
+    @abstractmethod
+    def _list_runs(
+        self, wanted: Wanted, workflow: str | None, parent_id: str | None, limit: int
+    ) -> list[Run]:
+        """Up to ``limit`` runs with these statuses, workflow and parent (None: any), oldest first."""
+
+    def _search_runs(self, where: RunFilter, limit: int, offset: int) -> RunPage:
+        """A page of the runs ``where`` keeps; this default reads every run of the workflow."""
+        matched = [r for r in self._list_runs(None, where.workflow, None, MAX_SEQ) if where.keeps(r)]
+        return page_of(matched, where.wanted, limit, offset)
+
+    def _workflow_names(self) -> list[str]:
+        """The workflows that have runs, sorted; this default reads every run."""
+        return sorted({r.workflow for r in self._list_runs(None, None, None, MAX_SEQ)})
+
+    @abstractmethod
+    def _cancel(self, run_id: str) -> Run:
+        """Cancel the live run: finished as cancelled, epoch bumped, approvals withdrawn, parent woken."""
+
+    @abstractmethod
+    def _retry(self, run_id: str) -> Run:
+        """Make the failed run pending again (epoch bumped, error cleared), noting ``statekeep.retried``."""
+
+    @abstractmethod
+    def _fork(self, run_id: str, at_seq: int, run: dict[str, Any]) -> Run:
+        """Copy ``run_id`` up to ``at_seq`` (checked with :func:`~.rules.check_fork_point`) into a new run."""
+
+    @abstractmethod
+    def _acquire(self, run_id: str, owner: str, lease: float, parent: Run | None) -> Run | None:
+        """Take the run for ``owner`` as :meth:`acquire` says."""
+
+    @abstractmethod
+    def _claim(self, owner: str, lease: float, limit: int, pairs: list[tuple[str, int]]) -> list[Run]:
+        """Lease up to ``limit`` due, unheld live runs of these (workflow, version) pairs (at least one)."""
+
+    @abstractmethod
+    def _heartbeat(self, run_id: str, epoch: int, lease: float) -> bool:
+        """Extend the lease from now if ``epoch`` is current; False otherwise."""
+
+    @abstractmethod
+    def _fenced(self, run: Run) -> AbstractContextManager[RunWrite]:
+        """The fenced write transaction of ``run`` (see :class:`RunWrite`)."""
+
+    @abstractmethod
+    def _journal(self, run_id: str, start: int, last: int) -> list[StepRecord]:
+        """Journal entries ``start <= seq <= last`` of a run (none for an unknown run), in order."""
+
+    def _replay(self, run_id: str, start: int, last: int) -> list[ReplayEntry]:
+        """What replay needs of entries ``start <= seq <= last``; this default reads :meth:`_journal`."""
+        entries = self._journal(run_id, start, last)
+        return [ReplayEntry(s.seq, s.name, s.kind, s.state_version, s.output) for s in entries]
+
+    @abstractmethod
+    def _tool_calls(self, run_id: str) -> list[LedgerEntry]:
+        """Every ledger entry of a run, in order."""
+
+    @abstractmethod
+    def _tool_call(self, run_id: str, seq: int) -> LedgerEntry | None:
+        """The ledger entry at ``seq``, or None."""
+
+    @abstractmethod
+    def _approvals(self, wanted: dict[str, str], limit: int | None, after: str | None) -> list[Approval]:
+        """Approvals whose fields equal ``wanted``, after the approval ``after``, oldest first.
+
+        Raises:
+            ApprovalNotFoundError: no approval has the id ``after``.
+        """
+
+    @abstractmethod
+    def _approval(self, approval_id: str) -> Approval:
+        """One approval.
+
+        Raises:
+            ApprovalNotFoundError: no such approval.
+        """
+
+    @abstractmethod
+    def _approval_at(self, run_id: str, seq: int, kind: str) -> Approval | None:
+        """The latest approval of ``kind`` the run opened at ``seq``, if any."""
+
+    @abstractmethod
+    def _decide(self, approval_id: str, decision: Decision) -> Approval:
+        """Record ``decision`` on the pending approval (or record it expired) and wake the run.
+
+        Returns the approval as written; the base raises when it is expired.
+
+        Raises:
+            ApprovalNotFoundError: no such approval.
+            ApprovalDecidedError: it was already decided or withdrawn.
+            ApprovalExpiredError: it had expired before (nothing is written).
+        """
+
+    @abstractmethod
+    def _send_event(self, run_id: str, name: str, payload: str) -> None:
+        """Keep the event (``payload`` is JSON text) for the run, and wake it if it waits for ``name``.
+
+        Raises:
+            RunNotFoundError: no such run.
+            RunFinishedError: the run has finished.
+        """
+
+    @abstractmethod
+    def _finished_runs(self, workflow: str | None) -> list[tuple[str, str, datetime]]:
+        """(run id, workflow, finished at) of every finished run, of ``workflow`` if given."""
+
+    @abstractmethod
+    def _delete_runs(self, run_ids: list[str]) -> int:
+        """Delete the finished runs among ``run_ids`` with all they hold; return how many."""
+
+    def _runs_of(self, owner: str) -> list[Run]:
+        """Every run of ``owner``, oldest first (optional: erasure by owner)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot find runs by owner")
+
+    def _delete_owner(self, owner: str) -> dict[str, int]:
+        """Delete the finished runs of ``owner``; the counts per table (optional: erasure by owner)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot erase by owner")
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilter:
+    """The checked filters of :meth:`WorkflowStore.search_runs` but the page: None keeps every run."""
+
+    wanted: Wanted
+    workflow: str | None
+    owners: list[str] | None
+    needle: str | None
+    run_ids: list[str] | None
+
+    def keeps(self, run: Run) -> bool:
+        """Whether ``run`` passes the workflow, owner, id and text filters (not the status one)."""
+        return (
+            (self.workflow is None or run.workflow == self.workflow)
+            and (self.owners is None or run_owner(run) in self.owners)
+            and (self.run_ids is None or run.run_id in self.run_ids)
+            and (self.needle is None or run_matches(run, self.needle))
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A person's checked decision on an approval: ``result`` is the encoded JSON of their result."""
+
+    approve: bool
+    by: str
+    comment: str | None
+    result: str
+
+
+__all__ = ["Decision", "RunFilter", "Wanted", "WorkflowStore"]

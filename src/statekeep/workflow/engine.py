@@ -10,8 +10,7 @@ from datetime import timedelta
 from functools import partial
 from typing import Any, ParamSpec, TypeVar
 
-from statekeep import tracing
-from statekeep._check import check_id, check_seconds
+from statekeep._check import check_id, check_run_id, check_seconds
 from statekeep.db import Database, aio
 from statekeep.errors import (
     ConfigError,
@@ -25,16 +24,16 @@ from statekeep.errors import (
     WorkflowVersionError,
 )
 from statekeep.keys import KeyRing
-from statekeep.workflow import codec
+from statekeep.workflow import codec, spans
 from statekeep.workflow._types import FINISHED, Run, RunStatus
-from statekeep.workflow.base import WorkflowStore, now
+from statekeep.workflow.base import WorkflowStore
 from statekeep.workflow.execution import Execution
 from statekeep.workflow.leases import Heartbeats
 from statekeep.workflow.registry import Registry, Workflow
 from statekeep.workflow.run_context import AsyncRunContext, RunContext
+from statekeep.workflow.run_write import now
 from statekeep.workflow.sql import SQLWorkflowStore
 from statekeep.working import WorkingStateStore
-from statekeep.working.base import check_run_id
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -210,7 +209,7 @@ class Engine:
 
     def execute(self, run: Run) -> Run:
         """Execute a run this engine already holds the lease of (a worker's claim)."""
-        with tracing.run_attempt(run, self.owner) as attempt:
+        with spans.run_attempt(run, self.owner) as attempt:
             result = self._execute(run)
             attempt.done(result)
             return result
@@ -270,7 +269,7 @@ class Engine:
         owner = workflow.owner_of(args, kwargs)
         if owner is None and parent is not None:
             owner = parent.owner  # a child run holds its parent's owner's data
-        start = tracing.RunStart(workflow.name, run_id)
+        start = spans.RunStart(workflow.name, run_id)
         opened = self.store.open_run(
             {
                 "run_id": run_id,

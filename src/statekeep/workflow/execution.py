@@ -22,13 +22,13 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import pydantic
 
-from statekeep import tracing
 from statekeep.db import aio
 from statekeep.errors import InvalidInputError, NonDeterminismError, StateNotFoundError, StepOutputError
-from statekeep.workflow import codec
+from statekeep.workflow import codec, spans
 from statekeep.workflow._types import Checkpoint, ReplayEntry, Run, StepKind, StepRecord
-from statekeep.workflow.base import RunWrite, StagedState, WorkflowStore, now
+from statekeep.workflow.base import WorkflowStore
 from statekeep.workflow.registry import Workflow
+from statekeep.workflow.run_write import RunWrite, StagedState, now
 from statekeep.working import StateVersion, WorkingStateStore
 
 T = TypeVar("T")
@@ -200,7 +200,7 @@ class Execution:
         with self.store.fenced(self.run) as tx:
             yield tx
         self.parked = tx.parked
-        tracing.steps_committed(self.run, self._written)
+        spans.steps_committed(self.run, self._written)
 
     def record(
         self,

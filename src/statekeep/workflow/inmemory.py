@@ -19,10 +19,9 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from statekeep._check import check_id, check_int
 from statekeep.errors import (
     ApprovalDecidedError,
     ApprovalExpiredError,
@@ -31,8 +30,8 @@ from statekeep.errors import (
     RunFinishedError,
 )
 from statekeep.workflow import codec
-from statekeep.workflow._types import Approval, LedgerEntry, Run, RunStatus, StepRecord
-from statekeep.workflow.base import LIVE, MAX_SEQ, WorkflowStore, now, statuses
+from statekeep.workflow._types import LIVE, Approval, LedgerEntry, Run, RunStatus, StepRecord
+from statekeep.workflow.base import Decision, Wanted, WorkflowStore
 from statekeep.workflow.inmemory_tx import (
     MemoryRunWrite,
     RunRow,
@@ -47,20 +46,8 @@ from statekeep.workflow.inmemory_tx import (
     wake,
     withdrawn,
 )
-from statekeep.workflow.rules import (
-    check_approval_filters,
-    check_approvals_page,
-    check_decision,
-    check_event,
-    check_fork_point,
-    check_retention,
-    check_run_ids,
-    forked_key,
-    last_set,
-    purge_selection,
-    same_run,
-)
-from statekeep.working.base import check_run_id
+from statekeep.workflow.rules import check_fork_point, forked_key, last_set
+from statekeep.workflow.run_write import now
 
 _WAITS_ON_PERSON = [RunStatus.WAITING_FOR_APPROVAL, RunStatus.NEEDS_DECISION]
 _COUNTS = ("runs", "steps", "tool_calls", "approvals", "events")
@@ -91,7 +78,7 @@ class InMemoryWorkflowStore(WorkflowStore):
 
     # --- runs -----------------------------------------------------------------------------
 
-    def open_run(self, run: dict[str, Any], *, parent: Run | None = None) -> Run:
+    def _open_run(self, run: dict[str, Any], parent: Run | None) -> Run:
         stamp = now()
         with self._lock:
             if parent is not None:
@@ -101,27 +88,16 @@ class InMemoryWorkflowStore(WorkflowStore):
                 fields = {**run, "status": RunStatus(run["status"]), "epoch": 0, "last_seq": 0}
                 row = RunRow(**{**fields, "created_at": stamp, "updated_at": stamp})
                 stored = self._tables.runs[row.run_id] = Stored(row)
-            found = run_record(stored.row)
-        return same_run(found, run)
+            return run_record(stored.row)
 
-    def find(self, run_id: str) -> Run | None:
-        check_run_id(run_id)
+    def _find(self, run_id: str) -> Run | None:
         with self._lock:
             stored = self._tables.runs.get(run_id)
             return None if stored is None else run_record(stored.row)
 
-    def list_runs(
-        self,
-        *,
-        status: RunStatus | str | Iterable[RunStatus | str] | None = None,
-        workflow: str | None = None,
-        parent_id: str | None = None,
-        limit: int = 1000,
+    def _list_runs(
+        self, wanted: Wanted, workflow: str | None, parent_id: str | None, limit: int
     ) -> list[Run]:
-        check_int(limit, "limit", minimum=1)
-        wanted = None if status is None else set(statuses(status))
-        workflow = None if workflow is None else check_id(workflow, "workflow")
-        parent_id = None if parent_id is None else check_id(parent_id, "parent_id")
         with self._lock:
             rows = [
                 s.row
@@ -133,8 +109,7 @@ class InMemoryWorkflowStore(WorkflowStore):
             rows.sort(key=lambda r: (r.created_at, r.run_id))
             return [run_record(r) for r in rows[:limit]]
 
-    def cancel(self, run_id: str) -> Run:
-        check_run_id(run_id)
+    def _cancel(self, run_id: str) -> Run:
         with self._lock:
             stored = self._tables.get(run_id)
             if stored.row.status.finished:
@@ -148,8 +123,7 @@ class InMemoryWorkflowStore(WorkflowStore):
                 wake(parent.row, [RunStatus.WAITING_FOR_CHILD])
             return run_record(stored.row)
 
-    def retry(self, run_id: str) -> Run:
-        check_run_id(run_id)
+    def _retry(self, run_id: str) -> Run:
         with self._lock:
             row = self._tables.get(run_id).row
             if row.status is not RunStatus.FAILED:
@@ -170,10 +144,8 @@ class InMemoryWorkflowStore(WorkflowStore):
             self._tables.add_event(run_id, "statekeep.retried", codec.to_json(note), consumed_seq=0)
             return run_record(row)
 
-    def fork(self, run_id: str, at_seq: int, run: dict[str, Any]) -> Run:
-        check_run_id(run_id)
-        new_id = check_run_id(run["run_id"])
-        check_int(at_seq, "at_seq", maximum=MAX_SEQ)
+    def _fork(self, run_id: str, at_seq: int, run: dict[str, Any]) -> Run:
+        new_id = run["run_id"]
         with self._lock:
             source = self._tables.get(run_id)
             check_fork_point(run_id, source.row.last_seq, at_seq)
@@ -226,7 +198,7 @@ class InMemoryWorkflowStore(WorkflowStore):
 
     # --- leases ---------------------------------------------------------------------------
 
-    def acquire(self, run_id: str, owner: str, lease: float, *, parent: Run | None = None) -> Run | None:
+    def _acquire(self, run_id: str, owner: str, lease: float, parent: Run | None) -> Run | None:
         with self._lock:
             fenced_by = None if parent is None else self._tables.fence(parent.run_id, parent.epoch)
             row = self._tables.get(run_id).row
@@ -239,10 +211,8 @@ class InMemoryWorkflowStore(WorkflowStore):
                 take_lease(row, owner, lease)
             return run_record(row) if taken or row.status.finished else None
 
-    def claim(self, owner: str, lease: float, limit: int, workflows: Iterable[tuple[str, int]]) -> list[Run]:
+    def _claim(self, owner: str, lease: float, limit: int, workflows: list[tuple[str, int]]) -> list[Run]:
         pairs = set(workflows)
-        if not pairs:
-            return []
         with self._lock:
             stamp = now()
             due = [
@@ -259,7 +229,7 @@ class InMemoryWorkflowStore(WorkflowStore):
                 take_lease(row, owner, lease)
             return [run_record(r) for r in due[:limit]]
 
-    def heartbeat(self, run_id: str, epoch: int, lease: float) -> bool:
+    def _heartbeat(self, run_id: str, epoch: int, lease: float) -> bool:
         with self._lock:
             stored = self._tables.runs.get(run_id)
             if stored is None or stored.row.epoch != epoch:
@@ -268,7 +238,7 @@ class InMemoryWorkflowStore(WorkflowStore):
             return True
 
     @contextmanager
-    def fenced(self, run: Run) -> Iterator[MemoryRunWrite]:
+    def _fenced(self, run: Run) -> Iterator[MemoryRunWrite]:
         with self._lock:
             tx = MemoryRunWrite(run, self._tables)
             yield tx
@@ -276,25 +246,18 @@ class InMemoryWorkflowStore(WorkflowStore):
 
     # --- journal and ledger ---------------------------------------------------------------
 
-    def journal(self, run_id: str, start: int, size: int) -> list[StepRecord]:
-        check_run_id(run_id)
-        check_int(start, "start", maximum=MAX_SEQ)
-        check_int(size, "size", maximum=MAX_SEQ)
-        last = start + size - 1
+    def _journal(self, run_id: str, start: int, last: int) -> list[StepRecord]:
         with self._lock:
             stored = self._tables.runs.get(run_id)
             found = [] if stored is None else [s for s in stored.steps.values() if start <= s.seq <= last]
         return sorted(found, key=lambda s: s.seq)
 
-    def tool_calls(self, run_id: str) -> list[LedgerEntry]:
-        check_run_id(run_id)
+    def _tool_calls(self, run_id: str) -> list[LedgerEntry]:
         with self._lock:
             stored = self._tables.runs.get(run_id)
             return [] if stored is None else [ledger_entry(stored.calls[s]) for s in sorted(stored.calls)]
 
-    def tool_call(self, run_id: str, seq: int) -> LedgerEntry | None:
-        check_run_id(run_id)
-        check_int(seq, "seq", maximum=MAX_SEQ)
+    def _tool_call(self, run_id: str, seq: int) -> LedgerEntry | None:
         with self._lock:
             stored = self._tables.runs.get(run_id)
             call = None if stored is None else stored.calls.get(seq)
@@ -302,18 +265,7 @@ class InMemoryWorkflowStore(WorkflowStore):
 
     # --- approvals and events -------------------------------------------------------------
 
-    def approvals(
-        self,
-        *,
-        status: str | None = "pending",
-        run_id: str | None = None,
-        kind: str | None = None,
-        action: str | None = None,
-        limit: int | None = None,
-        after: str | None = None,
-    ) -> list[Approval]:
-        wanted = check_approval_filters(status, run_id, kind, action)
-        limit, after = check_approvals_page(limit, after)
+    def _approvals(self, wanted: dict[str, str], limit: int | None, after: str | None) -> list[Approval]:
         with self._lock:
             mark = None if after is None else self._tables.approval(after)
             found = [
@@ -326,12 +278,11 @@ class InMemoryWorkflowStore(WorkflowStore):
             found.sort(key=lambda a: (a.created_at, a.approval_id))
             return [approval_record(a) for a in found[:limit]]
 
-    def approval(self, approval_id: str) -> Approval:
-        check_id(approval_id, "approval_id")
+    def _approval(self, approval_id: str) -> Approval:
         with self._lock:
             return approval_record(self._tables.approval(approval_id))
 
-    def approval_at(self, run_id: str, seq: int, kind: str) -> Approval | None:
+    def _approval_at(self, run_id: str, seq: int, kind: str) -> Approval | None:
         with self._lock:
             stored = self._tables.runs.get(run_id)
             found = [] if stored is None else list(stored.approvals.values())
@@ -339,10 +290,7 @@ class InMemoryWorkflowStore(WorkflowStore):
             latest = max(found, key=lambda a: a.created_at, default=None)
             return None if latest is None else approval_record(latest)
 
-    def decide(
-        self, approval_id: str, *, approve: bool, by: str, comment: str | None = None, result: Any = None
-    ) -> Approval:
-        encoded = check_decision(approval_id, approve, by, comment, result)
+    def _decide(self, approval_id: str, decision: Decision) -> Approval:
         with self._lock:
             current = self._tables.approval(approval_id)
             if current.status == "expired":  # by an earlier attempt, or a worker's resume
@@ -355,20 +303,16 @@ class InMemoryWorkflowStore(WorkflowStore):
             if not expired:
                 decided = replace(
                     decided,
-                    status="approved" if approve else "rejected",
-                    decided_by=by,
-                    comment=comment,
-                    result=encoded,
+                    status="approved" if decision.approve else "rejected",
+                    decided_by=decision.by,
+                    comment=decision.comment,
+                    result=decision.result,
                 )
             self._tables.put_approval(decided)
             wake(self._tables.get(current.run_id).row, _WAITS_ON_PERSON)
-        if expired:
-            raise ApprovalExpiredError(approval_id, current.action, "expired before a decision")
         return approval_record(decided)
 
-    def send_event(self, run_id: str, name: str, payload: Any = None) -> None:
-        check_run_id(run_id)
-        text = check_event(name, payload)
+    def _send_event(self, run_id: str, name: str, text: str) -> None:
         with self._lock:
             row = self._tables.get(run_id).row
             if row.status.finished:
@@ -383,28 +327,19 @@ class InMemoryWorkflowStore(WorkflowStore):
 
     # --- retention ------------------------------------------------------------------------
 
-    def purgeable(
-        self,
-        *,
-        older_than: timedelta | None = None,
-        keep_last: int | None = None,
-        workflow: str | None = None,
-    ) -> list[str]:
-        check_retention(older_than, keep_last, workflow)
+    def _finished_runs(self, workflow: str | None) -> list[tuple[str, str, datetime]]:
         with self._lock:
-            finished = [
+            return [
                 (r.run_id, r.workflow, r.finished_at or r.updated_at)
                 for r in (s.row for s in self._tables.runs.values())
                 if r.status.finished and (workflow is None or r.workflow == workflow)
             ]
-        return purge_selection(finished, older_than, keep_last)
 
-    def delete_runs(self, run_ids: list[str]) -> int:
-        run_ids = check_run_ids(run_ids)
+    def _delete_runs(self, run_ids: list[str]) -> int:
         with self._lock:
-            return len(self._delete(run_ids))
+            return len(self._drop(run_ids))
 
-    def _delete(self, run_ids: Iterable[str]) -> list[Stored]:
+    def _drop(self, run_ids: Iterable[str]) -> list[Stored]:
         """Delete the finished runs among ``run_ids`` with everything they hold; return what they held."""
         gone = []
         for run_id in dict.fromkeys(run_ids):
@@ -415,17 +350,15 @@ class InMemoryWorkflowStore(WorkflowStore):
 
     # --- erasure --------------------------------------------------------------------------
 
-    def runs_of(self, owner: str) -> list[Run]:
-        check_id(owner, "owner")
+    def _runs_of(self, owner: str) -> list[Run]:
         with self._lock:
             rows = [s.row for s in self._tables.runs.values() if s.row.owner == owner]
             rows.sort(key=lambda r: (r.created_at, r.run_id))
             return [run_record(r) for r in rows]
 
-    def delete_owner(self, owner: str) -> dict[str, int]:
-        check_id(owner, "owner")
+    def _delete_owner(self, owner: str) -> dict[str, int]:
         with self._lock:
-            gone = self._delete([run_id for run_id, s in self._tables.runs.items() if s.row.owner == owner])
+            gone = self._drop([run_id for run_id, s in self._tables.runs.items() if s.row.owner == owner])
         counts = dict.fromkeys(_COUNTS, 0)
         for stored in gone:
             sizes = (1, len(stored.steps), len(stored.calls), len(stored.approvals), len(stored.events))

@@ -38,7 +38,7 @@ from statekeep.workflow._types import (
     RunStatus,
     StepRecord,
 )
-from statekeep.workflow.base import RunWrite, now
+from statekeep.workflow.run_write import RunWrite, now
 
 
 @dataclass(slots=True)

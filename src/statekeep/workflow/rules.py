@@ -16,8 +16,8 @@ from typing import Any
 from statekeep._check import check_duration, check_id, check_int, check_storable
 from statekeep.errors import InvalidInputError, RunConflictError
 from statekeep.workflow import codec
-from statekeep.workflow._types import Run
-from statekeep.workflow.base import APPROVAL_STATUSES, now
+from statekeep.workflow._types import APPROVAL_STATUSES, Run
+from statekeep.workflow.run_write import now
 
 
 def same_run(stored: Run, run: dict[str, Any]) -> Run:

@@ -17,15 +17,14 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import pydantic
 
-from statekeep import tracing
 from statekeep._check import check_int
 from statekeep.db import aio
 from statekeep.errors import ConfigError, LeaseLostError, SealedDataError, StepFailedError, StorageError
-from statekeep.workflow import codec, tools, waits
+from statekeep.workflow import codec, spans, tools, waits
 from statekeep.workflow._types import Checkpoint, Run
-from statekeep.workflow.base import now
 from statekeep.workflow.execution import Execution
 from statekeep.workflow.registry import Step, Tool, Workflow
+from statekeep.workflow.run_write import now
 
 #: A step named by a string, checked once per name (a replay re-walks the same few names thousands of times).
 _step = functools.lru_cache(maxsize=1024)(Step)
@@ -99,7 +98,7 @@ class RunContext:
             return recorded.value
         policy = spec.retry or exe.workflow.retry
         started = now()
-        with tracing.step(exe.run, spec.name, seq):
+        with spans.step(exe.run, spec.name, seq):
             for attempt in range(1, max(1, policy.attempts) + 1):
                 try:
                     value = exe.invoke(fn, args, kwargs)
@@ -108,7 +107,7 @@ class RunContext:
                 except Exception as exc:
                     if attempt >= policy.attempts:
                         raise StepFailedError(self.run_id, spec.name, seq, attempt, repr(exc)) from exc
-                    tracing.retrying(exe.run, spec.name, seq, attempt, exc, policy.delay(attempt))
+                    spans.retrying(exe.run, spec.name, seq, attempt, exc, policy.delay(attempt))
                     aio.pause(policy.delay(attempt))
                     continue
                 input_hash = _loose_hash(args, kwargs)

@@ -2,7 +2,6 @@
 
 Pure functions over :class:`~statekeep.workflow.Run` records, shared by the
 contract's default search and by the backends that search with queries.
-(:mod:`statekeep.workflow.base` re-exports them.)
 """
 
 from __future__ import annotations

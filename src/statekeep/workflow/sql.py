@@ -15,23 +15,26 @@ every read opens them, so callers see plain values.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
 
-from statekeep._check import check_id, check_int
+from statekeep.db import Database
 from statekeep.db.types import UTCDateTime
 from statekeep.errors import (
     InvalidInputError,
     RunConflictError,
     RunFinishedError,
 )
-from statekeep.workflow import codec
+from statekeep.keys import KeyRing
+from statekeep.workflow import codec, sql_people, sql_retention
 from statekeep.workflow._types import (
+    LIVE,
+    Approval,
     LedgerEntry,
     ReplayEntry,
     Run,
@@ -39,29 +42,18 @@ from statekeep.workflow._types import (
     RunStatus,
     StepRecord,
 )
-from statekeep.workflow.base import (
-    LIVE,
-    MAX_SEQ,
-    check_run_filters,
-    now,
-    page_of,
-    run_matches,
-    statuses,
-)
-from statekeep.workflow.rules import (
-    check_fork_point,
-    forked_key,
-    last_set,
-    same_run,
-)
-from statekeep.workflow.sql_base import get_run, note_event
-from statekeep.workflow.sql_people import SQLPeople
-from statekeep.workflow.sql_retention import SQLRetention
+from statekeep.workflow.base import Decision, RunFilter, Wanted, WorkflowStore
+from statekeep.workflow.rules import check_fork_point, forked_key, last_set
+from statekeep.workflow.run_write import now
+from statekeep.workflow.search import page_of, run_matches
+from statekeep.workflow.sql_sealing import Sealer
 from statekeep.workflow.sql_tx import (
     SQLRunWrite,
     fence,
     finish_values,
+    get_run,
     ledger_entry,
+    note_event,
     run_record,
     seal,
     step_record,
@@ -69,8 +61,7 @@ from statekeep.workflow.sql_tx import (
     wake,
     withdraw_approvals,
 )
-from statekeep.workflow.tables import runs, steps, tool_calls
-from statekeep.working.base import check_run_id
+from statekeep.workflow.tables import runs, setup, steps, tool_calls
 
 _LIVE = [s.value for s in LIVE]
 # hot statements of a resume, built once; a plain bound comparison per live status, not an
@@ -112,7 +103,7 @@ _REPLAY = (
 )
 
 
-class SQLWorkflowStore(SQLPeople, SQLRetention):
+class SQLWorkflowStore(WorkflowStore):
     """The workflow store in SQLite or PostgreSQL.
 
     Construct it from a :class:`~statekeep.db.Database` (to share transactions with
@@ -125,76 +116,64 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
         True
     """
 
+    def __init__(self, db: Database | str, *, keys: KeyRing | None = None) -> None:
+        self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_WORKFLOW_URL")
+        self.keys = keys
+        self.sealer = Sealer(self.db, keys)
+        setup(self.db)
+
+    def close(self) -> None:
+        self.db.dispose()
+
     # --- runs -----------------------------------------------------------------------------
 
-    def open_run(self, run: dict[str, Any], *, parent: Run | None = None) -> Run:
+    def _open_run(self, run: dict[str, Any], parent: Run | None) -> Run:
         stamp = now()
         owner = run.get("owner")
-        self._prepare(owner)
+        self.sealer.prepare(owner)
         row = {**run, "created_at": stamp, "updated_at": stamp, "epoch": 0, "last_seq": 0}
         row["input"] = seal(self.keys, owner, run["input"])
         with self.db.begin() as conn:
             if parent is not None:
                 fence(conn, parent.run_id, parent.epoch)
             conn.execute(self.db.dialect.insert(runs).values(row).on_conflict_do_nothing())
-            stored = get_run(conn, run["run_id"], self.keys)
-        return same_run(stored, run)
+            return get_run(conn, run["run_id"], self.keys)
 
-    def find(self, run_id: str) -> Run | None:
-        check_run_id(run_id)
+    def _find(self, run_id: str) -> Run | None:
         with self.db.read() as conn:
             row = conn.execute(_FIND, {"rid": run_id}).mappings().first()
         return None if row is None else run_record(row, self.keys)
 
-    def list_runs(
-        self,
-        *,
-        status: RunStatus | str | Iterable[RunStatus | str] | None = None,
-        workflow: str | None = None,
-        parent_id: str | None = None,
-        limit: int = 1000,
+    def _list_runs(
+        self, wanted: Wanted, workflow: str | None, parent_id: str | None, limit: int
     ) -> list[Run]:
-        q = (
-            sa.select(runs)
-            .order_by(runs.c.created_at, runs.c.run_id)
-            .limit(check_int(limit, "limit", minimum=1))
-        )
-        if status is not None:
-            q = q.where(runs.c.status.in_([s.value for s in statuses(status)]))
+        q = sa.select(runs).order_by(runs.c.created_at, runs.c.run_id).limit(limit)
+        if wanted is not None:
+            q = q.where(runs.c.status.in_([s.value for s in wanted]))
         if workflow is not None:
-            q = q.where(runs.c.workflow == check_id(workflow, "workflow"))
+            q = q.where(runs.c.workflow == workflow)
         if parent_id is not None:
-            q = q.where(runs.c.parent_id == check_id(parent_id, "parent_id"))
+            q = q.where(runs.c.parent_id == parent_id)
         with self.db.read() as conn:
             return [run_record(r, self.keys) for r in conn.execute(q).mappings()]
 
-    def search_runs(
-        self,
-        *,
-        status: RunStatus | str | Iterable[RunStatus | str] | None = None,
-        workflow: str | None = None,
-        owner: str | Iterable[str] | None = None,
-        text: str | None = None,
-        run_ids: Iterable[str] | None = None,
-        limit: int = 20,
-        offset: int = 0,
-    ) -> RunPage:
-        owners, needle, ids = check_run_filters(owner, text, run_ids, limit, offset)
+    def _search_runs(self, filters: RunFilter, limit: int, offset: int) -> RunPage:
+        needle = filters.needle
         where: list[sa.ColumnElement[bool]] = []
-        if workflow is not None:
-            where.append(runs.c.workflow == check_id(workflow, "workflow"))
-        if owners is not None:
-            where.append(sa.or_(*(_owned_by(o) for o in owners)))
-        if ids is not None:
-            where.append(runs.c.run_id.in_(ids))
+        if filters.workflow is not None:
+            where.append(runs.c.workflow == filters.workflow)
+        if filters.owners is not None:
+            where.append(sa.or_(*(_owned_by(o) for o in filters.owners)))
+        if filters.run_ids is not None:
+            where.append(runs.c.run_id.in_(filters.run_ids))
         if needle is not None and self.keys is not None:  # sealed input: match what a person reads
             with self.db.read() as conn:
                 rows = conn.execute(sa.select(runs).where(*where)).mappings().all()
             decoded = (run_record(r, self.keys) for r in rows)
-            return page_of([r for r in decoded if run_matches(r, needle)], status, limit, offset)
+            return page_of([r for r in decoded if run_matches(r, needle)], filters.wanted, limit, offset)
         if needle is not None:
             where.append(_contains(needle))
-        wanted = None if status is None else [s.value for s in statuses(status)]
+        wanted = None if filters.wanted is None else [s.value for s in filters.wanted]
         counted = sa.select(runs.c.status, sa.func.count()).where(*where).group_by(runs.c.status)
         page = sa.select(runs).where(*where)
         if wanted is not None:
@@ -206,13 +185,12 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
         total = sum(n for s, n in counts.items() if wanted is None or s in wanted)
         return RunPage(found, total, offset, limit, counts)
 
-    def workflow_names(self) -> list[str]:
+    def _workflow_names(self) -> list[str]:
         with self.db.read() as conn:
             q = sa.select(runs.c.workflow).distinct().order_by(runs.c.workflow)
             return [str(name) for name in conn.execute(q).scalars()]
 
-    def cancel(self, run_id: str) -> Run:
-        check_run_id(run_id)
+    def _cancel(self, run_id: str) -> Run:
         with self.db.begin() as conn:
             run = get_run(conn, run_id, self.keys)
             if run.status.finished:
@@ -227,11 +205,10 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
                 wake(conn, run.parent_id, [RunStatus.WAITING_FOR_CHILD])
             return get_run(conn, run_id, self.keys)
 
-    def retry(self, run_id: str) -> Run:
-        check_run_id(run_id)
+    def _retry(self, run_id: str) -> Run:
         stamp = now()
-        owner = self._sealer(run_id)
-        self._prepare(owner)
+        owner = self.sealer.of_run(run_id)
+        self.sealer.prepare(owner)
         with self.db.begin() as conn:
             error = get_run(conn, run_id, self.keys).error
             reopen = (
@@ -260,13 +237,11 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
             note_event(conn, run_id, "statekeep.retried", note, self.keys, owner)
         return run
 
-    def fork(self, run_id: str, at_seq: int, run: dict[str, Any]) -> Run:
-        check_run_id(run_id)
-        new_id = check_run_id(run["run_id"])
-        check_int(at_seq, "at_seq", maximum=MAX_SEQ)
+    def _fork(self, run_id: str, at_seq: int, run: dict[str, Any]) -> Run:
+        new_id = run["run_id"]
         stamp = now()
-        owner = self._sealer(run_id)  # the fork's payloads are sealed as its source's are
-        self._prepare(owner)
+        owner = self.sealer.of_run(run_id)  # the fork's payloads are sealed as its source's are
+        self.sealer.prepare(owner)
         with self.db.begin() as conn:
             source = get_run(conn, run_id, self.keys)
             check_fork_point(run_id, source.last_seq, at_seq)
@@ -315,7 +290,7 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
 
     # --- leases ---------------------------------------------------------------------------
 
-    def acquire(self, run_id: str, owner: str, lease: float, *, parent: Run | None = None) -> Run | None:
+    def _acquire(self, run_id: str, owner: str, lease: float, parent: Run | None) -> Run | None:
         take = _TAKE if parent is None else _TAKE_CHILD
         params = {"rid": run_id, **_lease_params(owner, lease)}
         with self.db.begin() as conn:
@@ -327,10 +302,8 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
             run = get_run(conn, run_id, self.keys)
         return run if run.status.finished else None
 
-    def claim(self, owner: str, lease: float, limit: int, workflows: Iterable[tuple[str, int]]) -> list[Run]:
+    def _claim(self, owner: str, lease: float, limit: int, workflows: list[tuple[str, int]]) -> list[Run]:
         pairs = [sa.and_(runs.c.workflow == n, runs.c.version == v) for n, v in workflows]
-        if not pairs:
-            return []
         stamp = now()
         q = (
             sa.select(runs.c.run_id)
@@ -353,7 +326,7 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
             rows = conn.execute(sa.select(runs).where(runs.c.run_id.in_(ids))).mappings()
             return [run_record(r, self.keys) for r in rows]
 
-    def heartbeat(self, run_id: str, epoch: int, lease: float) -> bool:
+    def _heartbeat(self, run_id: str, epoch: int, lease: float) -> bool:
         with self.db.begin() as conn:
             # the row first, then the time: a beat that waited for another transaction's lock on
             # the run (an event being sent, a child waking it) leases from when it got the row,
@@ -369,8 +342,8 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
         return db is self.db
 
     @contextmanager
-    def fenced(self, run: Run) -> Iterator[SQLRunWrite]:
-        self._prepare(run.owner)
+    def _fenced(self, run: Run) -> Iterator[SQLRunWrite]:
+        self.sealer.prepare(run.owner)
         with self.db.begin() as conn:
             tx = SQLRunWrite(run, conn, self.db, self.keys)
             yield tx
@@ -378,11 +351,7 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
 
     # --- journal and ledger ---------------------------------------------------------------
 
-    def journal(self, run_id: str, start: int, size: int) -> list[StepRecord]:
-        check_run_id(run_id)
-        check_int(start, "start", maximum=MAX_SEQ)
-        check_int(size, "size", maximum=MAX_SEQ)
-        last = min(start + size - 1, MAX_SEQ)  # bound inside the 32-bit column's range
+    def _journal(self, run_id: str, start: int, last: int) -> list[StepRecord]:
         q = (
             sa.select(steps)
             .where(steps.c.run_id == run_id, steps.c.seq >= start, steps.c.seq <= last)
@@ -391,26 +360,55 @@ class SQLWorkflowStore(SQLPeople, SQLRetention):
         with self.db.read() as conn:
             return [step_record(r, self.keys) for r in conn.execute(q).mappings()]
 
-    def replay(self, run_id: str, start: int, size: int) -> list[ReplayEntry]:
+    def _replay(self, run_id: str, start: int, last: int) -> list[ReplayEntry]:
         # five columns as plain tuples: no timestamps converted, no output opened until replay needs it
-        params = {"rid": run_id, "lo": start, "hi": min(start + size - 1, MAX_SEQ)}
+        params = {"rid": run_id, "lo": start, "hi": last}
         opener = partial(unseal, self.keys, whose=f"run {run_id!r}")
         with self.db.read() as conn:
             return [ReplayEntry(*row, opener) for row in conn.execute(_REPLAY, params).all()]
 
-    def tool_calls(self, run_id: str) -> list[LedgerEntry]:
-        check_run_id(run_id)
+    def _tool_calls(self, run_id: str) -> list[LedgerEntry]:
         q = sa.select(tool_calls).where(tool_calls.c.run_id == run_id).order_by(tool_calls.c.seq)
         with self.db.read() as conn:
             return [ledger_entry(r, self.keys) for r in conn.execute(q).mappings()]
 
-    def tool_call(self, run_id: str, seq: int) -> LedgerEntry | None:
-        check_run_id(run_id)
-        check_int(seq, "seq", maximum=MAX_SEQ)
+    def _tool_call(self, run_id: str, seq: int) -> LedgerEntry | None:
         q = sa.select(tool_calls).where(tool_calls.c.run_id == run_id, tool_calls.c.seq == seq)
         with self.db.read() as conn:
             row = conn.execute(q).mappings().first()
         return None if row is None else ledger_entry(row, self.keys)
+
+    # --- approvals and events: :mod:`.sql_people` -------------------------------------------
+
+    def _approvals(self, wanted: dict[str, str], limit: int | None, after: str | None) -> list[Approval]:
+        return sql_people.list_approvals(self.db, self.keys, wanted, limit, after)
+
+    def _approval(self, approval_id: str) -> Approval:
+        with self.db.read() as conn:
+            return sql_people.approval(conn, approval_id, self.keys)
+
+    def _approval_at(self, run_id: str, seq: int, kind: str) -> Approval | None:
+        return sql_people.approval_at(self.db, self.keys, run_id, seq, kind)
+
+    def _decide(self, approval_id: str, decision: Decision) -> Approval:
+        return sql_people.decide(self.db, self.sealer, approval_id, decision)
+
+    def _send_event(self, run_id: str, name: str, payload: str) -> None:
+        sql_people.send_event(self.db, self.sealer, run_id, name, payload)
+
+    # --- retention and erasure: :mod:`.sql_retention` ---------------------------------------
+
+    def _finished_runs(self, workflow: str | None) -> list[tuple[str, str, datetime]]:
+        return sql_retention.finished_runs(self.db, workflow)
+
+    def _delete_runs(self, run_ids: list[str]) -> int:
+        return sql_retention.delete_runs(self.db, run_ids)
+
+    def _runs_of(self, owner: str) -> list[Run]:
+        return sql_retention.runs_of(self.db, self.keys, owner)
+
+    def _delete_owner(self, owner: str) -> dict[str, int]:
+        return sql_retention.delete_owner(self.db, owner)
 
 
 def _owned_by(owner: str) -> sa.ColumnElement[bool]:

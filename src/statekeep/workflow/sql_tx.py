@@ -23,11 +23,11 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from statekeep.db import Database
 from statekeep.db.types import UTCDateTime
-from statekeep.errors import LeaseLostError
+from statekeep.errors import LeaseLostError, RunNotFoundError
 from statekeep.keys import KeyRing, is_sealed, no_key_ring
 from statekeep.workflow import codec
 from statekeep.workflow._types import Approval, LedgerEntry, Run, RunStatus, StepRecord
-from statekeep.workflow.base import RunWrite, StagedState, now
+from statekeep.workflow.run_write import RunWrite, StagedState, now
 from statekeep.workflow.tables import approvals, events, runs, steps, tool_calls
 from statekeep.working import StateVersion, WorkingStateStore
 from statekeep.working import sql as working_sql
@@ -271,6 +271,28 @@ def wake(conn: Connection, run_id: str, waiting: Iterable[RunStatus]) -> bool:
         .values(status=RunStatus.PENDING.value, runnable_at=now(), updated_at=now())
     )
     return bool(conn.execute(q).rowcount == 1)
+
+
+def get_run(conn: Connection, run_id: str, keys: KeyRing | None) -> Run:
+    """The run with this id, read in ``conn``'s transaction.
+
+    Raises:
+        RunNotFoundError: no such run.
+    """
+    row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).mappings().first()
+    if row is None:
+        raise RunNotFoundError(run_id)
+    return run_record(row, keys)
+
+
+def note_event(
+    conn: Connection, run_id: str, name: str, payload: dict[str, Any], keys: KeyRing | None, owner: str | None
+) -> None:
+    """Record something that happened to a run as an event no wait consumes (``consumed_seq`` 0)."""
+    text = seal(keys, owner, codec.to_json(payload))  # a retry's note holds the error: sealed like it
+    conn.execute(
+        events.insert().values(run_id=run_id, name=name, payload=text, created_at=now(), consumed_seq=0)
+    )
 
 
 def withdraw_approvals(conn: Connection, run_id: str) -> None:

@@ -21,11 +21,11 @@ from statekeep.errors import (
     StepFailedError,
     Suspended,
 )
-from statekeep.workflow import codec
+from statekeep.workflow import codec, spans
 from statekeep.workflow._types import Approval, LedgerEntry, Reconciliation, RunStatus
-from statekeep.workflow.base import now
 from statekeep.workflow.execution import Execution
 from statekeep.workflow.registry import Tool
+from statekeep.workflow.run_write import now
 
 
 def call(exe: Execution, tool: Tool[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -40,7 +40,7 @@ def call(exe: Execution, tool: Tool[Any, Any], args: tuple[Any, ...], kwargs: di
     except codec.NotJSONError as exc:
         raise InvalidInputError(f"arguments of tool {tool.name!r} are not JSON: {exc}", field="args") from exc
     key = f"{exe.run_id}/{seq}/{index}"
-    with tracing.tool_call(exe.run, tool.name, seq, key):
+    with spans.tool_call(exe.run, tool.name, seq, key):
         if tool.gate is not None:
             _check_gate(exe, seq, tool, payload)
         entry = exe.store.tool_call(exe.run_id, seq)
@@ -50,7 +50,7 @@ def call(exe: Execution, tool: Tool[Any, Any], args: tuple[Any, ...], kwargs: di
                 tx.start_call(seq, tool.name, key, encoded)
             return _invoke(exe, seq, tool, key, args, kwargs)
         if entry.status == "completed":
-            tracing.note(tracing.LEDGER_OUTCOME, "completed earlier; recorded now")
+            tracing.note(spans.LEDGER_OUTCOME, "completed earlier; recorded now")
             return _complete(exe, seq, tool, codec.to_json(entry.result))
         return _settle(exe, seq, tool, entry)
 
@@ -64,9 +64,9 @@ def _invoke(
         # the tool returned control with an error: it did not complete, so the call may be made again
         with exe.write() as tx:
             tx.drop_call(seq)
-        tracing.note(tracing.LEDGER_OUTCOME, "failed; dropped from the ledger")
+        tracing.note(spans.LEDGER_OUTCOME, "failed; dropped from the ledger")
         raise StepFailedError(exe.run_id, tool.name, seq, 1, repr(exc)) from exc
-    tracing.note(tracing.LEDGER_OUTCOME, "executed")
+    tracing.note(spans.LEDGER_OUTCOME, "executed")
     return _complete(exe, seq, tool, exe.encode(tool.name, value))
 
 
@@ -82,13 +82,13 @@ def _settle(exe: Execution, seq: int, tool: Tool[Any, Any], entry: LedgerEntry) 
     if decision is not None and decision.status == "pending":
         _park(exe, RunStatus.NEEDS_DECISION, None, {"approval_id": decision.approval_id})
     if decision is not None and decision.decided_at is not None and decision.decided_at > entry.started_at:
-        tracing.approval_waited(decision)
+        spans.approval_waited(decision)
         if decision.status == "rejected":  # it happened; the person supplied its result
             return _complete(exe, seq, tool, codec.to_json(decision.result))
         if decision.status == "approved":
             return _rerun(exe, seq, tool, entry)
     verdict = tool.reconciler(entry) if tool.reconciler is not None else Reconciliation(None)
-    tracing.note(tracing.LEDGER_OUTCOME, f"ambiguous; reconciler: {verdict.happened}")
+    tracing.note(spans.LEDGER_OUTCOME, f"ambiguous; reconciler: {verdict.happened}")
     if verdict.happened is True:
         return _complete(exe, seq, tool, exe.encode(tool.name, verdict.result))
     if verdict.happened is False:
@@ -116,7 +116,7 @@ def _check_gate(exe: Execution, seq: int, tool: Tool[Any, Any], payload: dict[st
         _park(exe, RunStatus.WAITING_FOR_APPROVAL, expires, {}, ask=(fields, expires))
     if approval.status == "pending" and not _expired(approval):
         _park(exe, RunStatus.WAITING_FOR_APPROVAL, approval.expires_at, {"approval_id": approval.approval_id})
-    tracing.approval_waited(approval)
+    spans.approval_waited(approval)
     _refuse_unless_approved(exe, approval, codec.digest(payload))
 
 
@@ -164,7 +164,7 @@ def _park(
     ask: tuple[dict[str, Any], datetime | None] | None = None,
 ) -> NoReturn:
     """Suspend the run, first opening an approval when ``ask`` (fields, expiry) is given."""
-    tracing.note(tracing.LEDGER_OUTCOME, f"not run: {status.value}")
+    tracing.note(spans.LEDGER_OUTCOME, f"not run: {status.value}")
     with exe.write() as tx:
         if ask is not None:
             detail = {"approval_id": tx.open_approval(*ask)}

@@ -13,9 +13,9 @@ from statekeep._check import MAX_DEPTH, check_id, check_seconds
 from statekeep.errors import ChildRunFailedError, InvalidInputError, Suspended
 from statekeep.workflow import codec
 from statekeep.workflow._types import RunStatus
-from statekeep.workflow.base import RunWrite, now
 from statekeep.workflow.execution import Execution
 from statekeep.workflow.registry import Workflow
+from statekeep.workflow.run_write import RunWrite, now
 
 
 def sleep(exe: Execution, name: str, seconds: float | None, until: datetime | None) -> None:

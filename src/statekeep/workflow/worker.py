@@ -6,9 +6,9 @@ import logging
 import threading
 import time
 
-from statekeep import tracing
 from statekeep._check import check_int, check_seconds
 from statekeep.errors import InvalidInputError, LeaseLostError, StatekeepError, StorageError
+from statekeep.workflow import spans
 from statekeep.workflow.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -39,11 +39,11 @@ class Worker:
             self.engine.owner, self.engine.lease, self.batch, self.engine.registry.runnable()
         )
         for run in claimed:
-            tracing.run_claimed(run, self.engine.owner)
+            spans.run_claimed(run, self.engine.owner)
             try:
                 self.engine.execute(run)
             except LeaseLostError as exc:
-                tracing.lease_lost(run, self.engine.owner, exc)
+                spans.lease_lost(run, self.engine.owner, exc)
             except StorageError as exc:  # the lease lapses and another worker retries the run
                 log.warning("run %s interrupted by a database error: %s", run.run_id, exc)
             except StatekeepError as exc:

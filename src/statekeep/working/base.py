@@ -11,18 +11,13 @@ from datetime import UTC, datetime
 
 import pydantic
 
-from statekeep._check import check_id, check_int
+from statekeep._check import check_int, check_run_id
 from statekeep.errors import InvalidInputError, StateNotFoundError
 from statekeep.working._types import StateVersion
 from statekeep.working.schema import M, StateMigrations, decode, encode
 
 #: Versions are 32-bit integers in the SQL stores.
 MAX_VERSION = 2**31 - 1
-
-
-def check_run_id(run_id: object) -> str:
-    """Validate a run id: a non-empty string of at most 255 characters that every backend can store."""
-    return check_id(run_id, "run_id")
 
 
 class WorkingStateStore(ABC):

@@ -17,7 +17,7 @@ import uuid
 
 from statekeep.errors import RunFinishedError, RunNotFoundError
 from statekeep.workflow import Run, RunStatus, WorkflowStore, codec
-from statekeep.workflow.base import now
+from statekeep.workflow.run_write import now
 
 #: The workflow name of thread runs, and the prefix of their run ids.
 WORKFLOW = "langgraph"
