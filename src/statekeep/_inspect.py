@@ -218,37 +218,6 @@ def state_diff(working: WorkingStateStore, run_id: str, a: int, b: int) -> list[
 
 # --- context ----------------------------------------------------------------------------------
 
-_SECTIONS = ("system", "pinned", "memories", "summary")
-
-
-def context_record(built: BuiltContext, *, memory_k: int | None = None) -> dict[str, Any]:
-    """What a model call was sent, as the builder produced it: its sections, their tokens and messages.
-
-    The runtime stores this with each model step, so the console shows the exact
-    context of every call.
-    """
-    report = built.report
-    present = [name for name in _SECTIONS if getattr(report, name) > 0]
-    messages = [m.to_json() for m in built.messages]
-    sections = [
-        {"name": name, "tokens": getattr(report, name), "messages": [messages[i]]}
-        for i, name in enumerate(present)
-    ]
-    sections.append({"name": "window", "tokens": report.window, "messages": messages[len(present) :]})
-    record: dict[str, Any] = {
-        "budget": report.budget,
-        "counter": report.counter,
-        "total": report.total,
-        "reply_overhead": report.reply_overhead,
-        "sections": sections,
-        "memories_dropped": report.memories_dropped,
-        "summary_dropped": report.summary_dropped,
-        "orphans_dropped": report.orphans_dropped,
-    }
-    if memory_k is not None:
-        record["memory_k"] = memory_k
-    return record
-
 
 @dataclass(frozen=True)
 class NextContext:
@@ -304,6 +273,7 @@ def next_context(
     Raises:
         NotFoundError: the session has no events and no owner.
     """
+    from statekeep.context.record import context_record
     from statekeep.memory.prompt import as_item
     from statekeep.runtime import AgentState
 

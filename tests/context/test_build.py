@@ -6,8 +6,9 @@ that depend on the window only, rebuilding after a restart) are in the conforman
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -15,12 +16,15 @@ import pytest
 from statekeep.context import (
     CharCounter,
     ContextStore,
+    Event,
     MemoryItem,
     Message,
+    OfflineSummarizer,
     ToolCall,
     message_tokens,
 )
-from statekeep.context._log import LogView
+from statekeep.context._log import Draft, Head, LogReader, LogView
+from statekeep.context.builder import build
 from statekeep.context.tokens import REPLY_OVERHEAD
 from statekeep.errors import ContextBudgetError, InvalidInputError
 
@@ -227,3 +231,64 @@ def test_a_repeated_system_prompt_and_pinned_state_are_counted_once(make_store: 
     assert reports[0].system == 3 + len("You are terse.")
     store.build("s", 1000, system="You are verbose.", pinned={"step": 2})
     assert seen.count("You are verbose.") == 1
+
+
+class _Log:
+    """A log held in a list: what a build reads through a LogReader, and the appends it makes."""
+
+    def __init__(self, counter: CharCounter) -> None:
+        self.events: list[Event] = []
+        self.summary_seq = 0
+        self.appends: list[tuple[list[str], int | None]] = []
+        self.counter = counter
+
+    def add(self, message: Message) -> None:
+        tokens = message_tokens(self.counter, message)
+        draft = Draft(message.kind, message.to_json(), tokens, self.counter.name, datetime.now(UTC))
+        self.events.append(draft.at("s", len(self.events) + 1))
+
+    def append(self, session_id: str, drafts: Sequence[Draft], expect_summary: int | None) -> list[Event]:
+        self.appends.append(([d.kind for d in drafts], expect_summary))
+        if expect_summary is not None and expect_summary != self.summary_seq:
+            return []
+        stored = [d.at(session_id, len(self.events) + 1 + i) for i, d in enumerate(drafts)]
+        self.events.extend(stored)
+        self.summary_seq = max([e.seq for e in stored if e.kind == "summary_updated"] or [self.summary_seq])
+        return stored
+
+    @contextmanager
+    def snapshot(self) -> Iterator[LogView]:
+        yield self  # the methods below are the view
+
+    def head(self, session_id: str) -> Head | None:
+        return Head(len(self.events), self.summary_seq, 0) if self.events else None
+
+    def event(self, session_id: str, seq: int) -> Event | None:
+        return self.events[seq - 1] if 0 < seq <= len(self.events) else None
+
+    def by_key(self, session_id: str, key: str) -> Event | None:
+        return None
+
+    def tail(self, session_id: str, *, after: int, before: int | None, limit: int) -> list[Event]:
+        found = [e for e in self.events if e.seq > after and (before is None or e.seq < before)]
+        return found[::-1][:limit]
+
+    def range(self, session_id: str, first: int, last: int) -> list[Event]:
+        return [e for e in self.events if first <= e.seq <= last]
+
+
+def test_the_builder_reads_a_view_of_the_log_and_compacts_through_the_append_callback() -> None:
+    """No store: a LogReader over any log and an append callback are all a build and its compaction use."""
+    counter = CharCounter(1)
+    log = _Log(counter)
+    for i in range(100):
+        log.add(Message.user(f"message number {i:03d} " + "x" * 40))
+    reader = LogReader(log.snapshot, counter, OfflineSummarizer(), 0.8, 0.5, 32.0)
+    built, per_event = build(reader, log.append, "s", 4000, system="Be brief.")
+    assert built.report.compacted
+    assert built.report.summary > 0
+    assert log.appends[0] == (["summary_updated"], 0)  # guarded: no summary was saved before
+    assert built.report.total <= 4000
+    assert per_event > 1.0
+    again, _ = build(reader, log.append, "s", 4000, system="Be brief.", compact=False)
+    assert again.messages == built.messages

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from statekeep.context._types import SUMMARY, Event, LogEntry
 from statekeep.errors import SessionOwnerError
+
+if TYPE_CHECKING:
+    from statekeep.context.summarize import Summarizer
+    from statekeep.context.tokens import TokenCounter
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,28 @@ class LogView(Protocol):
     def range(self, session_id: str, first: int, last: int) -> list[Event]:
         """Events with ``first <= seq <= last``, oldest first."""
         ...
+
+
+#: Stores drafts at a session's next seqs, atomically (see ``ContextStore._append``); with an
+#: expected summary seq (0 for none), stores nothing and returns ``[]`` unless it is still the latest.
+Append = Callable[[str, Sequence[Draft], int | None], list[Event]]
+
+
+@dataclass(frozen=True, slots=True)
+class LogReader:
+    """A read-only view of a store's log: all the builder and compaction read of the store.
+
+    ``snapshot`` opens one consistent read of the log; the rest are the store's
+    settings, and ``tokens_per_event``, the tokens per event of the tails read
+    so far, which sizes the first page of the next tail read.
+    """
+
+    snapshot: Callable[[], AbstractContextManager[LogView]]
+    counter: TokenCounter
+    summarizer: Summarizer
+    high_water: float
+    low_water: float
+    tokens_per_event: float
 
 
 def check_reader(session_id: str, head: Head | None, owner: str | None) -> None:

@@ -36,7 +36,7 @@ from statekeep._check import (
     check_unicode,
 )
 from statekeep.context import compaction
-from statekeep.context._log import Draft, Head, LogView, check_reader, summary_event
+from statekeep.context._log import Draft, Head, LogReader, LogView, check_reader, summary_event
 from statekeep.context._types import MARKER, Event, Marker, Message, Summary, to_message
 from statekeep.context.summarize import OfflineSummarizer, Summarizer, check_summarizer
 from statekeep.context.tokens import TokenCounter, check_counter, default_counter, message_tokens
@@ -355,9 +355,26 @@ class ContextStore(ABC):
             raise InvalidInputError("must be True or False", field="compact")
         owner = check_optional_id(owner, "owner")
         with tracing.span("context.build") as span:
-            built = build(self, session_id, budget, system, pinned, memories, compact, counter, owner)
+            built, self._tokens_per_event = build(
+                self._log(),
+                self._append,
+                session_id,
+                budget,
+                system=system,
+                pinned=pinned,
+                memories=memories,
+                compact=compact,
+                counter=counter,
+                owner=owner,
+            )
             tracing.context_built(span, built.report)
         return built
+
+    def _log(self) -> LogReader:
+        """The read-only view of this store's log that the builder reads."""
+        return LogReader(
+            self._view, self.counter, self.summarizer, self.high_water, self.low_water, self._tokens_per_event
+        )
 
     # --- summaries and retention ---------------------------------------------------------
 
@@ -382,7 +399,7 @@ class ContextStore(ABC):
             current = summary_event(view, session_id)
         if not plan.events and current is not None:
             return current.summary  # nothing new to fold
-        return compaction.fold(self, session_id, plan, summarizer, self.counter)
+        return compaction.fold(self._append, session_id, plan, summarizer, self.counter)
 
     def regenerate_summary(self, session_id: str, summarizer: Summarizer) -> Summary:
         """Rebuild the latest summary from the raw events it covers, with another summarizer.
@@ -405,7 +422,7 @@ class ContextStore(ABC):
             if head.pruned_to >= covered.covers_from:
                 raise EventsPrunedError(session_id, head.pruned_to)
             plan = compaction.regenerate_plan(view, session_id, head, covered)
-        return compaction.fold(self, session_id, plan, summarizer, self.counter)
+        return compaction.fold(self._append, session_id, plan, summarizer, self.counter)
 
     def prune_summarized(self, session_id: str) -> int:
         """Retention: delete the raw events the latest summary covers; return how many.

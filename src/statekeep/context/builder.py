@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from statekeep._check import check_id, check_int, check_json, check_unicode
 from statekeep._memory_block import render_memories
 from statekeep.context import compaction
-from statekeep.context._log import Head, LogView, check_reader, summary_event
+from statekeep.context._log import Append, Head, LogReader, LogView, check_reader, summary_event
 from statekeep.context._types import (
     MARKER,
     MESSAGE_KINDS,
@@ -37,9 +37,6 @@ from statekeep.errors import (
     SummaryConflictError,
     SummaryError,
 )
-
-if TYPE_CHECKING:
-    from statekeep.context.base import ContextStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,32 +100,44 @@ def section_tokens(counter: TokenCounter, text: str) -> int:
 
 
 def build(
-    store: ContextStore,
+    log: LogReader,
+    append: Append,
     session_id: str,
     budget: int,
-    system: str | None,
-    pinned: str | Mapping[str, Any] | None,
-    memories: Sequence[object],
-    compact: bool,
-    counter: TokenCounter,
+    *,
+    system: str | None = None,
+    pinned: str | Mapping[str, Any] | None = None,
+    memories: Sequence[object] = (),
+    compact: bool = True,
+    counter: TokenCounter | None = None,
     owner: str | None = None,
-) -> BuiltContext:
-    """See :meth:`ContextStore.build`."""
+) -> tuple[BuiltContext, float]:
+    """See :meth:`ContextStore.build`: the context from ``log``, compacted through ``append``.
+
+    ``counter`` defaults to the log's. Returns the context and the tokens per
+    event its reads saw (the next build's :attr:`LogReader.tokens_per_event`).
+    """
     check_id(session_id, "session_id")
     check_int(budget, "budget", minimum=1)
-    pinned = check_pinned(pinned)
-    items = _memories(memories)
+    request = _Request(
+        session_id,
+        budget,
+        system,
+        check_pinned(pinned),
+        _memories(memories),
+        log.counter if counter is None else counter,
+        owner,
+    )
     rounds = MAX_ROUNDS if compact else 0
     compacted = False
+    per_event = log.tokens_per_event
     while True:
-        built, tail, needs, room = _build_once(
-            store, session_id, budget, system, pinned, items, counter, owner
-        )
+        built, tail, needs, room, per_event = _build_once(log, request, per_event)
         if not (rounds and needs):
-            return _mark(built, compacted, None)
-        done, error = _compact(store, session_id, tail, room, counter)
+            return _mark(built, compacted, None), per_event
+        done, error = _compact(log, append, session_id, tail, room, request.counter)
         if not done:
-            return _mark(built, compacted, error)
+            return _mark(built, compacted, error), per_event
         compacted, rounds = True, rounds - 1
 
 
@@ -136,38 +145,42 @@ def build(
 MAX_ROUNDS = 3
 
 
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """What one build was asked for, checked."""
+
+    session_id: str
+    budget: int
+    system: str | None
+    pinned: str | Mapping[str, Any] | None
+    items: list[MemoryItem]
+    counter: TokenCounter
+    owner: str | None
+
+
 def _build_once(
-    store: ContextStore,
-    session_id: str,
-    budget: int,
-    system: str | None,
-    pinned: str | Mapping[str, Any] | None,
-    items: list[MemoryItem],
-    counter: TokenCounter,
-    owner: str | None,
-) -> tuple[BuiltContext, list[LogEntry], bool, int]:
-    """One build from the stores: (result, tail read, whether to compact, window room)."""
-    sections = _fixed_sections(session_id, budget, system, pinned, counter)
-    _fit_memories(sections, items, budget, counter)
+    log: LogReader, request: _Request, per_event: float
+) -> tuple[BuiltContext, list[LogEntry], bool, int, float]:
+    """One build from the log: (result, tail read, whether to compact, window room, tokens per event)."""
+    session_id, budget, counter = request.session_id, request.budget, request.counter
+    sections = _fixed_sections(session_id, budget, request.system, request.pinned, counter)
+    _fit_memories(sections, request.items, budget, counter)
     tokens_of = _tokens_of(counter)
-    with store._view() as view:
+    with log.snapshot() as view:
         found = view.head(session_id)
-        check_reader(session_id, found, owner)  # before any event of the session is read
+        check_reader(session_id, found, request.owner)  # before any event of the session is read
         head = found or Head(0, 0, 0)
         floor = _add_summary(sections, view, session_id, head, budget, counter)
         room = budget - sections.used
-        tail, complete, per_event, marker = _read_tail(
-            view, session_id, floor, room, tokens_of, store._tokens_per_event
-        )
+        tail, complete, per_event, marker = _read_tail(view, session_id, floor, room, tokens_of, per_event)
         if marker is not None and head.summary_seq and head.summary_seq < marker:
             # the summary tells of a conversation the marker ended: build without it
             _drop_summary(sections)
             room = budget - sections.used
             tail, complete, per_event, _ = _read_tail(view, session_id, marker, room, tokens_of, per_event)
-    store._tokens_per_event = per_event
     window = select_window(tail, room, tokens_of, lambda m: message_tokens(counter, m))
-    needs = _needs_compaction(tail, complete, room, store.high_water, tokens_of)
-    return _assemble(sections, window, head, budget, counter), tail, needs, room
+    needs = _needs_compaction(tail, complete, room, log.high_water, tokens_of)
+    return _assemble(sections, window, head, budget, counter), tail, needs, room, per_event
 
 
 def _fixed_sections(
@@ -318,22 +331,22 @@ def _needs_compaction(
 
 
 def _compact(
-    store: ContextStore, session_id: str, tail: list[LogEntry], room: int, counter: TokenCounter
+    log: LogReader, append: Append, session_id: str, tail: list[LogEntry], room: int, counter: TokenCounter
 ) -> tuple[bool, str | None]:
     """Fold the oldest part of the tail into the summary: (folded, error text if it failed).
 
     A failed or empty summary is not saved; the raw window is kept instead.
     """
-    upto = compaction.plan_cut(tail, room, store.low_water, _tokens_of(counter))
+    upto = compaction.plan_cut(tail, room, log.low_water, _tokens_of(counter))
     if upto is None:
         return False, None
     try:
-        with store._view() as view:
+        with log.snapshot() as view:
             head = view.head(session_id) or Head(0, 0, 0)
             plan = compaction.fold_plan(view, session_id, head, upto)
         if not plan.events:
             return False, None
-        compaction.fold(store, session_id, plan, store.summarizer, store.counter)
+        compaction.fold(append, session_id, plan, log.summarizer, log.counter)
     except (SummaryError, SummaryConflictError, EventsPrunedError) as exc:
         return False, str(exc)
     return True, None

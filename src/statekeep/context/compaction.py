@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
-from statekeep.context._log import Draft, Head, LogView, summary_event
+from statekeep.context._log import Append, Draft, Head, LogView, summary_event
 from statekeep.context._types import (
     MARKER,
     MESSAGE_KINDS,
@@ -27,9 +26,6 @@ from statekeep.context.render import render_summary
 from statekeep.context.summarize import Summarizer, input_hash
 from statekeep.context.tokens import TokenCounter, text_tokens
 from statekeep.errors import SummaryConflictError, SummaryError
-
-if TYPE_CHECKING:
-    from statekeep.context.base import ContextStore
 
 #: Events handed to the summarizer per call when folding a long stretch.
 CHUNK = 400
@@ -72,9 +68,9 @@ def regenerate_plan(view: LogView, session_id: str, head: Head, covered: Summary
 
 
 def fold(
-    store: ContextStore, session_id: str, plan: FoldPlan, summarizer: Summarizer, counter: TokenCounter
+    append: Append, session_id: str, plan: FoldPlan, summarizer: Summarizer, counter: TokenCounter
 ) -> Summary:
-    """Run the summarizer over the plan and append the ``summary_updated`` event.
+    """Run the summarizer over the plan and ``append`` the ``summary_updated`` event, guarded.
 
     Raises:
         SummaryError: the summarizer raised or returned an empty text; nothing was saved.
@@ -93,7 +89,7 @@ def fold(
     )
     tokens = text_tokens(counter, render_summary(summary))
     draft = Draft(SUMMARY, summary.to_json(), tokens, counter.name, datetime.now(UTC))
-    if not store._append(session_id, [draft], plan.expect_summary):
+    if not append(session_id, [draft], plan.expect_summary):
         raise SummaryConflictError(session_id)
     return summary
 

@@ -24,8 +24,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from statekeep import tracing
-from statekeep._inspect import context_record
 from statekeep.context import ContextStore, Event, MemoryItem, Message, SQLContextStore, ToolCall, to_openai
+from statekeep.context.record import context_record
 from statekeep.db import aio
 from statekeep.errors import (
     AgentError,

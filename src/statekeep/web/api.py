@@ -11,7 +11,7 @@ import json
 from datetime import datetime
 from typing import Any, Literal
 
-from fastapi import HTTPException
+from fastapi import HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from statekeep import _inspect
@@ -450,6 +450,12 @@ class Api:
         return receipt.as_dict()
 
 
+def api_of(request: Request) -> Api:
+    """The :class:`Api` of the app serving ``request`` (``create_app`` leaves it in the app's state)."""
+    api: Api = request.app.state.api
+    return api
+
+
 def _audit_log(store: Any) -> AuditLog | None:
     """The audit log beside a SQL workflow store (another backend keeps none here)."""
     db = getattr(store, "db", None)
@@ -489,4 +495,5 @@ __all__ = [
     "RunOut",
     "RunsPage",
     "StateOut",
+    "api_of",
 ]

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qs, urlencode
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from statekeep._literal import pretty, visible
 from statekeep.errors import InvalidInputError
 from statekeep.web.access import COOKIE, SESSION_SECONDS, Grant
-from statekeep.web.api import STATUSES, Api, Decision
+from statekeep.web.api import STATUSES, Api, Decision, api_of
+from statekeep.web.guard import GRANT, caller
 
 #: No script, no frames, no form posting elsewhere: defence in depth under the escaping.
 CSP = (
@@ -60,12 +61,6 @@ env = Environment(
 env.filters.update(v=_text, pretty=pretty, when=_when)
 
 
-def _grant(request: Request) -> Grant:
-    from statekeep.web.app import caller
-
-    return caller(request)
-
-
 def _root(request: Request) -> str:
     return str(request.scope.get("root_path", ""))
 
@@ -78,8 +73,8 @@ def render(
     **context: Any,
 ) -> HTMLResponse:
     """A page, with the caller (if any) and its CSRF value for forms."""
-    api: Api = request.app.state.api
-    grant = request.scope.get("statekeep.grant")
+    api = api_of(request)
+    grant = request.scope.get(GRANT)
     me = grant if isinstance(grant, Grant) else None
     html = env.get_template(template).render(
         root=_root(request),
@@ -107,11 +102,16 @@ async def form(request: Request) -> dict[str, str]:
 
 def _checked(request: Request, fields: dict[str, str]) -> Grant:
     """The caller, once the form's CSRF field is theirs."""
-    grant = _grant(request)
-    api: Api = request.app.state.api
-    if not api.access.check_csrf(grant, fields.get("csrf")):
+    grant = caller(request)
+    if not api_of(request).access.check_csrf(grant, fields.get("csrf")):
         raise HTTPException(403, "the form is stale or came from another site; reload the page and try again")
     return grant
+
+
+Form = Depends(form)
+#: The console's pages (the guard, the API and the style sheet are the app's).
+router = APIRouter()
+Served = Annotated[Api, Depends(api_of)]
 
 
 def _safe_next(target: str | None) -> str:
@@ -121,185 +121,201 @@ def _safe_next(target: str | None) -> str:
     return target
 
 
-def add_pages(app: FastAPI, api: Api) -> None:
-    """Add the console's pages to ``app`` (the guard and the API are already there)."""
-    from fastapi.staticfiles import StaticFiles
-
-    app.mount("/static", StaticFiles(packages=[("statekeep.web", "static")]), name="static")
-    Form = Depends(form)
-
-    # --- login ------------------------------------------------------------------------------
-
-    @app.get("/login", include_in_schema=False)
-    def login_page(request: Request, next: str | None = None) -> HTMLResponse:
-        return render(request, "login.html", next=_safe_next(next), failed=False)
-
-    @app.post("/login", include_in_schema=False)
-    def login(request: Request, fields: dict[str, str] = Form) -> Response:
-        grant = api.access.by_token(fields.get("token", ""))
-        target = _safe_next(fields.get("next"))
-        if grant is None:
-            return render(request, "login.html", 401, next=target, failed=True)
-        response = RedirectResponse(_root(request) + target, status_code=303)
-        response.set_cookie(
-            COOKIE,
-            api.access.session(grant),
-            max_age=SESSION_SECONDS,
-            path=_root(request) or "/",
-            secure=True,
-            httponly=True,
-            samesite="strict",
-        )
-        return response
-
-    @app.post("/logout", include_in_schema=False)
-    def logout(request: Request, fields: dict[str, str] = Form) -> Response:
-        _checked(request, fields)
-        response = RedirectResponse(_root(request) + "/login", status_code=303)
-        response.delete_cookie(
-            COOKIE, path=_root(request) or "/", secure=True, httponly=True, samesite="strict"
-        )
-        return response
-
-    # --- runs -------------------------------------------------------------------------------
-
-    @app.get("/", include_in_schema=False)
-    @app.get("/runs", include_in_schema=False)
-    def runs_page(
-        request: Request,
-        status: str | None = None,
-        workflow: str | None = None,
-        owner: str | None = None,
-        q: str | None = None,
-        offset: int = Query(0, ge=0),
-        limit: int = Query(PAGE, ge=1, le=1000),
-    ) -> HTMLResponse:
-        grant = _grant(request)
-        filters = {"status": status or "", "workflow": workflow or "", "owner": owner or "", "q": q or ""}
-        page = api.runs(grant, status=status, workflow=workflow, owner=owner, q=q, limit=limit, offset=offset)
-
-        def link(**change: Any) -> str:
-            query = {k: v for k, v in {**filters, "limit": limit, **change}.items() if v not in ("", None, 0)}
-            if query.get("limit") == PAGE:
-                query.pop("limit")
-            return f"{_root(request)}/runs" + (f"?{urlencode(query)}" if query else "")
-
-        return render(
-            request,
-            "runs.html",
-            page=page,
-            filters=filters,
-            statuses=STATUSES,
-            link=link,
-            counted=sum(page.counts.values()),
-        )
-
-    @app.get("/runs/{run_id:path}", include_in_schema=False)
-    def run_page(
-        request: Request, run_id: str, a: int | None = Query(None, ge=1), b: int | None = Query(None, ge=1)
-    ) -> HTMLResponse:
-        grant = _grant(request)
-        run = api.run(grant, run_id)
-        states = api.states(grant, run_id)
-        if states and (a is None or b is None):
-            a, b = max(1, states[-1].version - 1), states[-1].version
-        diff = api.state_diff(grant, run_id, a, b) if states and a and b else []
-        latest = api.state(grant, run_id, states[-1].version) if states else None
-        return render(
-            request,
-            "run.html",
-            run=run,
-            timeline=api.timeline(grant, run_id),
-            calls=api.model_calls(grant, run_id),
-            states=states,
-            latest=latest,
-            a=a,
-            b=b,
-            diff=diff,
-            live=run.status.value in ("pending", "running"),
-        )
-
-    # --- approvals ----------------------------------------------------------------------------
-
-    @app.get("/approvals", include_in_schema=False)
-    def approvals_page(request: Request, status: str = "pending", after: str | None = None) -> HTMLResponse:
-        grant = _grant(request)
-        found = api.approvals(grant, status=status, limit=APPROVALS_PAGE, after=after)
-        following = found[-1].approval_id if len(found) == APPROVALS_PAGE else None
-        return render(
-            request, "approvals.html", approvals=found, status=status, after=after, following=following
-        )
-
-    @app.get("/approvals/{approval_id}", include_in_schema=False)
-    def approval_page(request: Request, approval_id: str, done: str | None = None) -> HTMLResponse:
-        grant = _grant(request)
-        approval = api.approval(grant, approval_id)
-        return render(request, "approval.html", a=approval, done=bool(done) and approval.status != "pending")
-
-    @app.post("/approvals/{approval_id}/decide", include_in_schema=False)
-    def decide_form(request: Request, approval_id: str, fields: dict[str, str] = Form) -> Response:
-        grant = _checked(request, fields)
-        choice = fields.get("decision")
-        if choice not in ("approve", "reject"):
-            raise InvalidInputError("must be approve or reject", field="decision")
-        decision = Decision(approve=choice == "approve", comment=fields.get("comment") or None)
-        api.decide(grant, approval_id, decision, via="console")
-        return RedirectResponse(f"{_root(request)}/approvals/{approval_id}?done=1", status_code=303)
-
-    # --- memory -------------------------------------------------------------------------------
-
-    @app.get("/memory", include_in_schema=False)
-    def memory_page(
-        request: Request, owner: str | None = None, q: str | None = None, k: int = Query(10, ge=1, le=100)
-    ) -> HTMLResponse:
-        grant = _grant(request)
-        found = api.memories(grant, owner, q=q, k=k) if owner else None
-        return render(request, "memory.html", owner=owner or "", q=q or "", k=k, found=found)
-
-    @app.get("/memory/erase", include_in_schema=False)
-    def erase_page(request: Request, owner: str, memory_id: str | None = None) -> HTMLResponse:
-        grant = _grant(request)
-        found = api.memories(grant, owner)
-        doomed = [m for m in found.memories if memory_id is None or m.id == memory_id]
-        return render(request, "erase.html", owner=owner, memory_id=memory_id, doomed=doomed, receipt=None)
-
-    @app.post("/memory/erase", include_in_schema=False)
-    def erase(request: Request, fields: dict[str, str] = Form) -> HTMLResponse:
-        grant = _checked(request, fields)
-        owner = fields.get("owner", "")
-        receipt = api.erase(
-            grant, owner, confirm=fields.get("confirm", ""), memory_id=fields.get("memory_id") or None
-        )
-        return render(request, "erase.html", owner=owner, memory_id=None, doomed=[], receipt=receipt)
-
-    # --- the API's documentation --------------------------------------------------------------
-
-    @app.get("/docs", include_in_schema=False)
-    def docs_page(request: Request) -> HTMLResponse:
-        spec = app.openapi()
-        endpoints = []
-        for path, methods in spec.get("paths", {}).items():
-            for method, op in methods.items():
-                params = [
-                    {
-                        "name": p["name"],
-                        "where": p["in"],
-                        "required": p.get("required", False),
-                        "description": p.get("description") or p.get("schema", {}).get("description", ""),
-                    }
-                    for p in op.get("parameters", [])
-                ]
-                endpoints.append(
-                    {
-                        "method": method.upper(),
-                        "path": path,
-                        "summary": op.get("summary", ""),
-                        "description": op.get("description", ""),
-                        "params": params,
-                        "body": "requestBody" in op,
-                    }
-                )
-        return render(request, "docs.html", spec=spec, endpoints=endpoints)
+# --- login ------------------------------------------------------------------------------
 
 
-__all__ = ["CSP", "add_pages", "env", "error_page", "render"]
+@router.get("/login", include_in_schema=False)
+def login_page(request: Request, next: str | None = None) -> HTMLResponse:
+    return render(request, "login.html", next=_safe_next(next), failed=False)
+
+
+@router.post("/login", include_in_schema=False)
+def login(request: Request, api: Served, fields: dict[str, str] = Form) -> Response:
+    grant = api.access.by_token(fields.get("token", ""))
+    target = _safe_next(fields.get("next"))
+    if grant is None:
+        return render(request, "login.html", 401, next=target, failed=True)
+    response = RedirectResponse(_root(request) + target, status_code=303)
+    response.set_cookie(
+        COOKIE,
+        api.access.session(grant),
+        max_age=SESSION_SECONDS,
+        path=_root(request) or "/",
+        secure=True,
+        httponly=True,
+        samesite="strict",
+    )
+    return response
+
+
+@router.post("/logout", include_in_schema=False)
+def logout(request: Request, fields: dict[str, str] = Form) -> Response:
+    _checked(request, fields)
+    response = RedirectResponse(_root(request) + "/login", status_code=303)
+    response.delete_cookie(COOKIE, path=_root(request) or "/", secure=True, httponly=True, samesite="strict")
+    return response
+
+
+# --- runs -------------------------------------------------------------------------------
+
+
+@router.get("/", include_in_schema=False)
+@router.get("/runs", include_in_schema=False)
+def runs_page(
+    request: Request,
+    api: Served,
+    status: str | None = None,
+    workflow: str | None = None,
+    owner: str | None = None,
+    q: str | None = None,
+    offset: int = Query(0, ge=0),
+    limit: int = Query(PAGE, ge=1, le=1000),
+) -> HTMLResponse:
+    grant = caller(request)
+    filters = {"status": status or "", "workflow": workflow or "", "owner": owner or "", "q": q or ""}
+    page = api.runs(grant, status=status, workflow=workflow, owner=owner, q=q, limit=limit, offset=offset)
+
+    def link(**change: Any) -> str:
+        query = {k: v for k, v in {**filters, "limit": limit, **change}.items() if v not in ("", None, 0)}
+        if query.get("limit") == PAGE:
+            query.pop("limit")
+        return f"{_root(request)}/runs" + (f"?{urlencode(query)}" if query else "")
+
+    return render(
+        request,
+        "runs.html",
+        page=page,
+        filters=filters,
+        statuses=STATUSES,
+        link=link,
+        counted=sum(page.counts.values()),
+    )
+
+
+@router.get("/runs/{run_id:path}", include_in_schema=False)
+def run_page(
+    request: Request,
+    api: Served,
+    run_id: str,
+    a: int | None = Query(None, ge=1),
+    b: int | None = Query(None, ge=1),
+) -> HTMLResponse:
+    grant = caller(request)
+    run = api.run(grant, run_id)
+    states = api.states(grant, run_id)
+    if states and (a is None or b is None):
+        a, b = max(1, states[-1].version - 1), states[-1].version
+    diff = api.state_diff(grant, run_id, a, b) if states and a and b else []
+    latest = api.state(grant, run_id, states[-1].version) if states else None
+    return render(
+        request,
+        "run.html",
+        run=run,
+        timeline=api.timeline(grant, run_id),
+        calls=api.model_calls(grant, run_id),
+        states=states,
+        latest=latest,
+        a=a,
+        b=b,
+        diff=diff,
+        live=run.status.value in ("pending", "running"),
+    )
+
+
+# --- approvals ----------------------------------------------------------------------------
+
+
+@router.get("/approvals", include_in_schema=False)
+def approvals_page(
+    request: Request, api: Served, status: str = "pending", after: str | None = None
+) -> HTMLResponse:
+    grant = caller(request)
+    found = api.approvals(grant, status=status, limit=APPROVALS_PAGE, after=after)
+    following = found[-1].approval_id if len(found) == APPROVALS_PAGE else None
+    return render(request, "approvals.html", approvals=found, status=status, after=after, following=following)
+
+
+@router.get("/approvals/{approval_id}", include_in_schema=False)
+def approval_page(request: Request, api: Served, approval_id: str, done: str | None = None) -> HTMLResponse:
+    grant = caller(request)
+    approval = api.approval(grant, approval_id)
+    return render(request, "approval.html", a=approval, done=bool(done) and approval.status != "pending")
+
+
+@router.post("/approvals/{approval_id}/decide", include_in_schema=False)
+def decide_form(request: Request, api: Served, approval_id: str, fields: dict[str, str] = Form) -> Response:
+    grant = _checked(request, fields)
+    choice = fields.get("decision")
+    if choice not in ("approve", "reject"):
+        raise InvalidInputError("must be approve or reject", field="decision")
+    decision = Decision(approve=choice == "approve", comment=fields.get("comment") or None)
+    api.decide(grant, approval_id, decision, via="console")
+    return RedirectResponse(f"{_root(request)}/approvals/{approval_id}?done=1", status_code=303)
+
+
+# --- memory -------------------------------------------------------------------------------
+
+
+@router.get("/memory", include_in_schema=False)
+def memory_page(
+    request: Request,
+    api: Served,
+    owner: str | None = None,
+    q: str | None = None,
+    k: int = Query(10, ge=1, le=100),
+) -> HTMLResponse:
+    grant = caller(request)
+    found = api.memories(grant, owner, q=q, k=k) if owner else None
+    return render(request, "memory.html", owner=owner or "", q=q or "", k=k, found=found)
+
+
+@router.get("/memory/erase", include_in_schema=False)
+def erase_page(request: Request, api: Served, owner: str, memory_id: str | None = None) -> HTMLResponse:
+    grant = caller(request)
+    found = api.memories(grant, owner)
+    doomed = [m for m in found.memories if memory_id is None or m.id == memory_id]
+    return render(request, "erase.html", owner=owner, memory_id=memory_id, doomed=doomed, receipt=None)
+
+
+@router.post("/memory/erase", include_in_schema=False)
+def erase(request: Request, api: Served, fields: dict[str, str] = Form) -> HTMLResponse:
+    grant = _checked(request, fields)
+    owner = fields.get("owner", "")
+    receipt = api.erase(
+        grant, owner, confirm=fields.get("confirm", ""), memory_id=fields.get("memory_id") or None
+    )
+    return render(request, "erase.html", owner=owner, memory_id=None, doomed=[], receipt=receipt)
+
+
+# --- the API's documentation --------------------------------------------------------------
+
+
+@router.get("/docs", include_in_schema=False)
+def docs_page(request: Request) -> HTMLResponse:
+    spec = request.app.openapi()
+    endpoints = []
+    for path, methods in spec.get("paths", {}).items():
+        for method, op in methods.items():
+            params = [
+                {
+                    "name": p["name"],
+                    "where": p["in"],
+                    "required": p.get("required", False),
+                    "description": p.get("description") or p.get("schema", {}).get("description", ""),
+                }
+                for p in op.get("parameters", [])
+            ]
+            endpoints.append(
+                {
+                    "method": method.upper(),
+                    "path": path,
+                    "summary": op.get("summary", ""),
+                    "description": op.get("description", ""),
+                    "params": params,
+                    "body": "requestBody" in op,
+                }
+            )
+    return render(request, "docs.html", spec=spec, endpoints=endpoints)
+
+
+__all__ = ["CSP", "env", "error_page", "render", "router"]
