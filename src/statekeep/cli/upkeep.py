@@ -45,17 +45,19 @@ def erase(
     from statekeep.erasure import erase_owner
     from statekeep.keys import open_key_ring
     from statekeep.memory import open_memory_store
+    from statekeep.stores import Databases
     from statekeep.workflow import SQLWorkflowStore
     from statekeep.working import SQLWorkingStateStore
 
     if not yes and not typer.confirm(f"Erase EVERYTHING of owner {owner!r}, in every store?"):
         raise typer.Abort()
     settings = checked_settings(database_url, home, memory_url)
-    keys = open_key_ring(settings)
-    context = SQLContextStore(settings.url_for("context"), keys=keys)
-    working = SQLWorkingStateStore(settings.url_for("working"), keys=keys)
-    workflow = SQLWorkflowStore(settings.url_for("workflow"), keys=keys)
-    log = AuditLog(settings.url_for("workflow"))
+    databases = Databases(settings)  # each store's database, as it declares; one per URL
+    keys = open_key_ring(settings, databases.of("keys"))
+    context = SQLContextStore(databases.of("context"), keys=keys)
+    working = SQLWorkingStateStore(databases.of("working"), keys=keys)
+    workflow = SQLWorkflowStore(databases.of("workflow"), keys=keys)
+    log = AuditLog(databases.of("audit"))
     try:  # a refusal (live runs) releases every connection too
         with open_memory_store(settings.memory_url) as memory:
             receipt = erase_owner(
@@ -70,9 +72,7 @@ def erase(
         actor = ACTOR.get("name") or getpass.getuser()
         log.record(actor, "erase", owner, via="cli", detail=receipt.counts())
     finally:
-        for store in (context, working, workflow, log, keys):
-            if store is not None:
-                store.db.dispose()
+        databases.dispose()
     console.print_json(json.dumps(receipt.as_dict()))
 
 

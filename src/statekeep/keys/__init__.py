@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from statekeep.errors import ConfigError
 from statekeep.keys.provider import KeyProvider, LocalKeyFile
 from statekeep.keys.reseal import reencrypt
-from statekeep.keys.ring import KeyRing, ShredReport, is_sealed, key_id_of, no_key_ring
+from statekeep.keys.ring import STORE, KeyRing, ShredReport, is_sealed, key_id_of, no_key_ring
 
 if TYPE_CHECKING:
     from statekeep.config import Settings
@@ -42,14 +42,15 @@ def provider_for(settings: Settings) -> KeyProvider | None:
 
 
 def open_key_ring(settings: Settings, db: Database | str | None = None) -> KeyRing | None:
-    """The key ring of these settings, its keys in ``db`` (default: the workflow store's database).
+    """The key ring of these settings, its keys in ``db`` (default: the database it declares, the workflow's).
 
     None when ``STATEKEEP_KEYS=none``.
     """
     provider = provider_for(settings)
     if provider is None:
         return None
-    return KeyRing(db if db is not None else settings.url_for("workflow"), provider)
+    assert STORE.lives_in is not None
+    return KeyRing(db if db is not None else settings.url_for(STORE.lives_in), provider)
 
 
 __all__ = [
