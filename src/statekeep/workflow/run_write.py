@@ -4,7 +4,10 @@ Every write a worker makes to a run goes through :meth:`WorkflowStore.fenced
 <statekeep.workflow.base.WorkflowStore.fenced>`, which hands out a :class:`RunWrite`
 and refuses the whole transaction once the worker's lease epoch is no longer the
 run's current one. A backend implements it beside its
-:class:`~statekeep.workflow.base.WorkflowStore`.
+:class:`~statekeep.workflow.base.WorkflowStore` (whose ``_fenced`` primitive
+opens it). Its abstract methods are primitives themselves: only the engine calls
+them, inside a fenced block, with values it built and checked, so unlike the
+store's public methods they have nothing to validate.
 """
 
 from __future__ import annotations

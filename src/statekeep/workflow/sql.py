@@ -10,6 +10,13 @@ With a key ring (``keys=``), the payloads of a run that has an owner (its input,
 output and error, step outputs, tool arguments and results, approval arguments,
 comments and results, event payloads) are sealed with the owner's data key;
 every read opens them, so callers see plain values.
+
+:class:`SQLWorkflowStore` implements the primitives of
+:class:`~statekeep.workflow.base.WorkflowStore` (which checks every argument
+first): runs, leases and the journal here; approvals and events in
+:mod:`.sql_people`, retention and erasure in :mod:`.sql_retention` (functions
+over the database); whose key seals a write in :mod:`.sql_sealing`; the fenced
+transaction and the mapping of rows in :mod:`.sql_tx`.
 """
 
 from __future__ import annotations

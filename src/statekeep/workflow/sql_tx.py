@@ -1,6 +1,6 @@
 """The SQL side of a fenced write, and the mapping of rows onto records.
 
-:class:`SQLRunWrite` is the :class:`~statekeep.workflow.base.RunWrite` of SQLite
+:class:`SQLRunWrite` is the :class:`~statekeep.workflow.run_write.RunWrite` of SQLite
 and PostgreSQL: one connection inside one transaction that
 :meth:`SQLWorkflowStore.fenced <statekeep.workflow.SQLWorkflowStore.fenced>`
 opened after bumping the run row under the worker's epoch.
