@@ -4,7 +4,8 @@
 sessions with their events and summaries (and the Agents SDK items of those
 sessions, ``statekeep_agents.items``), the working-state versions and the
 runs of the owner's runs (journal, tool ledger, approvals, events sent to
-them), the owner's memories, and last the owner's data keys, so that whatever
+them), the owner's memories, the owner's LangGraph threads and store registration
+(:mod:`statekeep.integrations.langgraph.erasure`), and last the owner's data keys, so that whatever
 bytes of the owner's sealed payloads remain anywhere (a PostgreSQL dead tuple,
 a backup) can no longer be decrypted. SQLite files are left without the
 deleted bytes (``secure_delete``, then the WAL is checkpointed and truncated).
@@ -22,7 +23,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from statekeep._check import check_id
-from statekeep.errors import LiveRunsError, RunFinishedError
+from statekeep.errors import LiveRunsError, MissingDependencyError, RunFinishedError
 
 if TYPE_CHECKING:
     from statekeep.context import ContextStore
@@ -38,8 +39,8 @@ NOT_REACHED = (
     "copies made outside statekeep: model providers' logs, application logs, exports already handed out",
     "other owners' sessions, runs and memories that quote this owner (erasure goes by owner)",
     "the audit log's records of this owner (ids and counts, never content), kept as proof",
-    "LangGraph checkpoints and store items (StatekeepSaver, StatekeepStore): they name threads and "
-    "namespaces, not owners; delete the person's threads with delete_thread and their namespaces' items",
+    "LangGraph threads written without an owner (StatekeepSaver's owner_key), and a saver or a "
+    "StatekeepStore on another database or memory store: erase them there (integrations.langgraph.erasure)",
     "processes that cached this owner's data key or decoded context keep them in memory until "
     "they restart (data keys for at most a minute as the current key)",
 )
@@ -67,6 +68,9 @@ class ErasureReceipt:
             (:class:`~statekeep.integrations.agents.StatekeepSession`) removed.
         working: ``versions`` of working state removed.
         workflow: ``runs``, ``steps`` (journal), ``tool_calls`` (ledger), ``approvals``, ``events``.
+        langgraph: ``threads``, ``checkpoints``, ``writes``, ``blobs`` and ``runs`` of the owner's
+            LangGraph threads, and ``registrations`` in a LangGraph store's owner registry
+            (None without the langgraph extra).
         memory: The memory store's own receipt, as a dict (None without a memory store).
         keys: ``data_keys`` shredded (None without a key ring: nothing was sealed).
         locations: Where bytes were rewritten or scrubbed so that nothing deleted stays readable.
@@ -81,6 +85,7 @@ class ErasureReceipt:
     agents: dict[str, int]
     working: dict[str, int]
     workflow: dict[str, int]
+    langgraph: dict[str, int] | None
     memory: dict[str, Any] | None
     keys: dict[str, int] | None
     locations: tuple[str, ...]
@@ -91,7 +96,7 @@ class ErasureReceipt:
     def counts(self) -> dict[str, int]:
         """Every count in one flat dict (``context.events``, ``memory.removed``...), as the audit keeps it."""
         flat = {"cancelled": len(self.cancelled)}
-        for section in ("context", "agents", "working", "workflow", "keys"):
+        for section in ("context", "agents", "working", "workflow", "langgraph", "keys"):
             for name, value in (getattr(self, section) or {}).items():
                 flat[f"{section}.{name}"] = value
         if self.memory is not None:
@@ -107,6 +112,7 @@ class ErasureReceipt:
             "agents": self.agents,
             "working": self.working,
             "workflow": self.workflow,
+            "langgraph": self.langgraph,
             "memory": self.memory,
             "keys": self.keys,
             "locations": list(self.locations),
@@ -151,6 +157,7 @@ def erase_owner(
     sessions = context.delete_owner(owner)
     items += _delete_agent_items(context, session_ids)
     forgotten: ForgetReceipt | None = memory.forget(owner) if memory is not None else None
+    langgraph = _erase_langgraph(owner, memory, _databases(context, working, workflow))
     shredded = keys.shred(owner) if keys is not None else None
     locations = [f"{db!r}: {db.scrub(owner)}" for db in _databases(context, working, workflow)]
     if shredded is not None:
@@ -172,6 +179,7 @@ def erase_owner(
         agents={"items": items},
         working={"versions": versions},
         workflow=runs,
+        langgraph=langgraph,
         memory=None if forgotten is None else forgotten.as_dict(),
         keys=None if shredded is None else {"data_keys": shredded.keys},
         locations=tuple(locations),
@@ -211,6 +219,20 @@ def _delete_agent_items(context: ContextStore, session_ids: list[str]) -> int:
     from statekeep.integrations._agents_items import delete_items
 
     return delete_items(db, session_ids)
+
+
+def _erase_langgraph(owner: str, memory: MemoryStore | None, dbs: Sequence[Any]) -> dict[str, int] | None:
+    """Erase the owner's LangGraph threads in these databases and store registration (None: no extra)."""
+    try:
+        from statekeep.integrations.langgraph.erasure import erase_threads, forget_registration
+    except MissingDependencyError:  # no langgraph: no saver nor store of this installation wrote anything
+        return None
+    counts = dict.fromkeys(("threads", "checkpoints", "writes", "blobs", "runs"), 0)
+    for db in dbs:
+        for name, value in erase_threads(db, owner).items():
+            counts[name] += value
+    counts["registrations"] = forget_registration(memory, owner) if memory is not None else 0
+    return counts
 
 
 def _databases(*stores: object) -> Sequence[Any]:

@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from statekeep._check import MAX_ID, check_id
 from statekeep.errors import ConfigError, InvalidInputError, MemoryNotFoundError
 from statekeep.integrations._extras import missing
 from statekeep.memory import Memory, MemoryStore, Provenance
@@ -53,6 +54,9 @@ __all__ = ["LangChainEmbedder", "StatekeepStore"]
 #: Vector hits read per owner for one search (the memory store's largest ``k``).
 SEARCH_POOL = 1000
 _ITEM, _VEC, _OWNER = "lg:item", "lg:vec", "lg:owner"
+#: The memory owner of a store's owner registry, after the store's ``scope``: one memory per owner,
+#: whose id is a digest of the owner id and whose content is the owner id.
+REGISTRY = "statekeep.langgraph.owners"
 
 
 class LangChainEmbedder:
@@ -126,7 +130,7 @@ class StatekeepStore(BaseStore):
         self.scope = scope
         fields = (index or {}).get("fields") or ["$"]
         self._fields = [(p, tokenize_path(p) if p != "$" else p) for p in fields]
-        self._registry = f"{scope}statekeep.langgraph.owners"
+        self._registry = f"{scope}{REGISTRY}"
         self._owners: set[str] = set()
 
     # --- owners ---------------------------------------------------------------------------
@@ -358,6 +362,32 @@ class StatekeepStore(BaseStore):
         out = np.zeros((count, self.memory.embedder.dimension), dtype=np.float32)
         out[:, 0] = 1.0
         return out
+
+
+def forget_registration(memory: MemoryStore, owner: str) -> int:
+    """Erasure: remove ``owner`` from the owner registry of every :class:`StatekeepStore` on ``memory``.
+
+    The owner's items are the owner's memories (``memory.forget(owner)`` erases them);
+    the registry is a memory of another owner that holds the owner id. Each scope a
+    store may have used is a prefix of the owner id (its owners are ``scope + label``),
+    so every prefix's registry is looked up (a read each); an entry found is erased as
+    ``forget_many`` erases (physically). Returns how many entries went.
+
+    Raises:
+        InvalidInputError: ``owner`` is not an owner id.
+    """
+    check_id(owner, "owner")
+    mid, removed = _digest(owner), 0
+    for end in range(len(owner)):
+        registry = f"{owner[:end]}{REGISTRY}"
+        if len(registry) > MAX_ID:
+            break
+        try:
+            memory.get(registry, mid)
+        except MemoryNotFoundError:
+            continue
+        removed += memory.forget_many(registry, [mid]).removed
+    return removed
 
 
 # --- helpers ---------------------------------------------------------------------------------
