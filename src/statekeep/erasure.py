@@ -224,7 +224,8 @@ def _delete_agent_items(context: ContextStore, session_ids: list[str]) -> int:
 def _erase_langgraph(owner: str, memory: MemoryStore | None, dbs: Sequence[Any]) -> dict[str, int] | None:
     """Erase the owner's LangGraph threads in these databases and store registration (None: no extra)."""
     try:
-        from statekeep.integrations.langgraph.erasure import erase_threads, forget_registration
+        from statekeep.integrations.langgraph.erasure import erase_threads
+        from statekeep.integrations.langgraph.store import forget_registration
     except MissingDependencyError:  # no langgraph: no saver nor store of this installation wrote anything
         return None
     counts = dict.fromkeys(("threads", "checkpoints", "writes", "blobs", "runs"), 0)

@@ -29,7 +29,8 @@ from statekeep.integrations.langgraph._tables import (
     threads,
     writes,
 )
-from statekeep.integrations.langgraph.erasure import erase_threads, forget_registration
+from statekeep.integrations.langgraph.erasure import erase_threads
+from statekeep.integrations.langgraph.store import forget_registration
 from statekeep.memory import FakeEmbedder, InMemoryMemoryStore
 from statekeep.workflow import SQLWorkflowStore
 

@@ -10,11 +10,11 @@ deletes with ``secure_delete`` (the caller truncates the WAL:
 saver's tables (``VACUUM FULL``), as the memory store rewrites an owner's partition,
 because the saver's values are not sealed and a dead tuple would keep them.
 
-:func:`forget_registration` removes the owner's entry from the owner registry of
-:class:`~statekeep.integrations.langgraph.StatekeepStore` (whose items are the
-owner's memories, erased by ``memory.forget``).
-
-:func:`statekeep.erasure.erase_owner` calls both.
+The long-term store's part is
+:func:`~statekeep.integrations.langgraph.store.forget_registration`: it removes the
+owner's entry from the owner registry of
+:class:`~statekeep.integrations.langgraph.StatekeepStore` (whose items are the owner's
+memories, erased by ``memory.forget``). :func:`statekeep.erasure.erase_owner` calls both.
 """
 
 from __future__ import annotations
@@ -26,11 +26,10 @@ from statekeep.db.rewrite import MARK, rewrite
 from statekeep.integrations.langgraph import _deleted, _owners, _sql
 from statekeep.integrations.langgraph._runs import ThreadRuns
 from statekeep.integrations.langgraph._tables import SCHEMA, blobs, checkpoints, threads, writes
-from statekeep.integrations.langgraph.store import forget_registration
 from statekeep.workflow import SQLWorkflowStore
 from statekeep.workflow.tables import SCHEMA as WORKFLOW_SCHEMA
 
-__all__ = ["erase_threads", "forget_registration"]
+__all__ = ["erase_threads"]
 
 #: The migration of the saver's schema that records owners: a database below it has no owned thread.
 OWNERS_VERSION = 4
