@@ -192,3 +192,17 @@ def test_forget_registration_removes_the_owner_from_every_scopes_registry() -> N
     assert forget_registration(memory, "alice") == 0
     with pytest.raises(InvalidInputError):
         forget_registration(memory, "")
+
+
+def test_a_claim_that_finds_another_owners_record_fails(database_url: str) -> None:
+    """Two owners' first writes may both find a new thread unowned; the second claim is refused."""
+    from statekeep.integrations.langgraph import _owners
+
+    saver = StatekeepSaver(database_url)
+    with saver.db.begin() as conn:
+        _owners.claim(conn, saver.db.dialect.insert, "t-race", "alice")
+        _owners.claim(conn, saver.db.dialect.insert, "t-race", "alice")  # the same owner: nothing to do
+    with pytest.raises(ConflictError), saver.db.begin() as conn:
+        _owners.claim(conn, saver.db.dialect.insert, "t-race", "bob")
+    assert _owner(saver, "t-race") == "alice"
+    saver.close()

@@ -45,25 +45,36 @@ def owner_of(conn: Connection, thread_id: str) -> str | None:
     return None if found is None else str(found)
 
 
-def check(conn: Connection, thread_id: str, owner: str | None) -> None:
-    """Refuse a write that names another owner than the thread's.
+def check(conn: Connection, thread_id: str, owner: str | None) -> str | None:
+    """Refuse a write that names another owner than the thread's; the thread's owner (None: none yet).
 
     Raises:
         ConflictError: the thread belongs to another owner; the transaction rolls back.
     """
     if owner is None:
-        return
+        return None
     actual = owner_of(conn, thread_id)
     if actual is not None and actual != owner:
         raise ConflictError(
             f"LangGraph thread {thread_id!r} belongs to another owner, not to {owner!r}; nothing was written"
         )
+    return actual
 
 
 def claim(conn: Connection, insert: Callable[[sa.Table], Any], thread_id: str, owner: str | None) -> None:
-    """Record the thread as ``owner``'s, unless it already has an owner (checked before)."""
-    if owner is not None:
-        conn.execute(insert(threads).values(thread_id=thread_id, owner=owner).on_conflict_do_nothing())
+    """Record the thread as ``owner``'s unless it has an owner already: the same one, or the write fails.
+
+    Two owners' first writes of a new thread may both find it unowned (PostgreSQL): the
+    second one's insert waits for the first to commit, finds its row, and is refused.
+
+    Raises:
+        ConflictError: another owner claimed the thread meanwhile; the transaction rolls back.
+    """
+    if owner is None:
+        return
+    upsert = insert(threads).values(thread_id=thread_id, owner=owner).on_conflict_do_nothing()
+    if conn.execute(upsert.returning(threads.c.thread_id)).first() is None:
+        check(conn, thread_id, owner)
 
 
 def threads_of(conn: Connection, owner: str) -> list[str]:

@@ -5,8 +5,8 @@
 ``delete_thread`` does: checkpoints of every namespace, pending writes, channel blobs,
 the owner record, and the thread's run; a stale worker's late writes stay refused
 (the deleted-thread record keeps the SHA-256 of the thread id, not the id). SQLite
-deletes with ``secure_delete`` (the caller truncates the WAL:
-:meth:`Database.scrub <statekeep.db.Database.scrub>`); PostgreSQL then rewrites the
+deletes with ``secure_delete`` and truncates the WAL
+(:meth:`Database.scrub <statekeep.db.Database.scrub>`); PostgreSQL rewrites the
 saver's tables (``VACUUM FULL``), as the memory store rewrites an owner's partition,
 because the saver's values are not sealed and a dead tuple would keep them.
 
@@ -46,8 +46,9 @@ def erase_threads(db: Database, owner: str) -> dict[str, int]:
 
     Raises:
         InvalidInputError: ``owner`` is not an owner id.
-        ErasureError: (PostgreSQL) the rows were deleted but the tables could not be
-            rewritten, or an older transaction still saw them; see the message.
+        ErasureError: the rows were deleted but the tables could not be rewritten, an
+            older transaction still saw them (PostgreSQL), or a reader kept the WAL
+            (SQLite); see the message.
     """
     check_id(owner, "owner")
     counts = dict.fromkeys(("threads", "checkpoints", "writes", "blobs", "runs"), 0)
@@ -64,6 +65,8 @@ def erase_threads(db: Database, owner: str) -> dict[str, int]:
         mark = conn.exec_driver_sql(MARK).scalar_one() if db.name == "postgresql" and thread_ids else None
     if mark is not None:
         rewrite(db, [f"{SCHEMA}.{t.name}" for t in REWRITTEN], mark=str(mark), owner=owner)
+    if thread_ids:
+        db.scrub(owner)  # SQLite: the WAL's old frames go too (the runtime's erasure scrubs again)
     if thread_ids and current_version(db, "workflow", WORKFLOW_SCHEMA) > 0:
         counts["runs"] = ThreadRuns(SQLWorkflowStore(db)).deleted(thread_ids)
     return counts

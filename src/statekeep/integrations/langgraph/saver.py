@@ -184,11 +184,12 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
             k: self.serde.dumps_typed(values[k]) if k in values else (_sql.EMPTY, None) for k in new_versions
         }
         with self._writing("saving a LangGraph checkpoint") as conn:
-            _owners.check(conn, thread_id, owner)
+            claimed = _owners.check(conn, thread_id, owner) is not None
             # the checkpoint first: a late one (its thread deleted) is not stored, nor are its blobs
             stored = conn.execute(self._sql.put_checkpoint, row).first() is not None
             if stored:
-                _owners.claim(conn, self.db.dialect.insert, thread_id, owner)
+                if not claimed:
+                    _owners.claim(conn, self.db.dialect.insert, thread_id, owner)
                 blob_rows = [
                     self._lists.blob_row(conn, (thread_id, ns), k, str(v), serialized[k], parent_id)
                     for k, v in new_versions.items()
