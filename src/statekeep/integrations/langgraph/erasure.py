@@ -54,6 +54,10 @@ def erase_threads(db: Database, owner: str) -> dict[str, int]:
     counts = dict.fromkeys(("threads", "checkpoints", "writes", "blobs", "runs"), 0)
     if current_version(db, "langgraph", SCHEMA) < OWNERS_VERSION:
         return counts
+    with db.read("finding an owner's LangGraph threads") as conn:
+        found = _owners.threads_of(conn, owner)
+    # the runs first: should the process die in between, the threads are still there to find
+    counts["runs"] = _delete_runs(db, found)
     with db.begin("erasing an owner's LangGraph threads") as conn:
         db.dialect.lock_tables(conn, _deleted.TABLES)  # as delete_thread: writers wait, then see it
         thread_ids = _owners.threads_of(conn, owner)
@@ -63,10 +67,16 @@ def erase_threads(db: Database, owner: str) -> dict[str, int]:
                 counts[table] += removed
         counts["threads"] = _owners.forget(conn, thread_ids)
         mark = conn.exec_driver_sql(MARK).scalar_one() if db.name == "postgresql" and thread_ids else None
+    counts["runs"] += _delete_runs(db, thread_ids)  # a run a write opened again meanwhile
     if mark is not None:
         rewrite(db, [f"{SCHEMA}.{t.name}" for t in REWRITTEN], mark=str(mark), owner=owner)
     if thread_ids:
         db.scrub(owner)  # SQLite: the WAL's old frames go too (the runtime's erasure scrubs again)
-    if thread_ids and current_version(db, "workflow", WORKFLOW_SCHEMA) > 0:
-        counts["runs"] = ThreadRuns(SQLWorkflowStore(db)).deleted(thread_ids)
     return counts
+
+
+def _delete_runs(db: Database, thread_ids: list[str]) -> int:
+    """Cancel and delete the threads' runs in the workflow store of ``db`` (none without one)."""
+    if not thread_ids or current_version(db, "workflow", WORKFLOW_SCHEMA) == 0:
+        return 0
+    return ThreadRuns(SQLWorkflowStore(db)).deleted(thread_ids)
