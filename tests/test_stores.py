@@ -64,7 +64,16 @@ def test_the_erasure_receipt_has_a_section_for_every_store_with_an_erase_hook() 
     """A store declared with an erase hook gets its counts in the receipt, under its name."""
     sections = {f.name for f in dataclasses.fields(ErasureReceipt)}
     erased = {spec.name for spec in declared() if spec.erase is not None}
-    assert erased == {"working", "workflow", "context", "agents", "memory", "keys"}
+    assert erased == {
+        "working",
+        "workflow",
+        "context",
+        "agents",
+        "langgraph",
+        "memory",
+        "langgraph_store",
+        "keys",
+    }
     assert erased <= sections
 
 

@@ -4,7 +4,8 @@
 sessions with their events and summaries (and the Agents SDK items of those
 sessions, ``statekeep_agents.items``), the working-state versions and the
 runs of the owner's runs (journal, tool ledger, approvals, events sent to
-them), the owner's memories, and last the owner's data keys, so that whatever
+them), the owner's memories, the owner's LangGraph threads and store registration
+(:mod:`statekeep.integrations.langgraph.erasure`), and last the owner's data keys, so that whatever
 bytes of the owner's sealed payloads remain anywhere (a PostgreSQL dead tuple,
 a backup) can no longer be decrypted. SQLite files are left without the
 deleted bytes (``secure_delete``, then the WAL is checkpointed and truncated).
@@ -43,8 +44,8 @@ NOT_REACHED = (
     "copies made outside statekeep: model providers' logs, application logs, exports already handed out",
     "other owners' sessions, runs and memories that quote this owner (erasure goes by owner)",
     "the audit log's records of this owner (ids and counts, never content), kept as proof",
-    "LangGraph checkpoints and store items (StatekeepSaver, StatekeepStore): they name threads and "
-    "namespaces, not owners; delete the person's threads with delete_thread and their namespaces' items",
+    "LangGraph threads written without an owner (StatekeepSaver's owner_key), and a saver or a "
+    "StatekeepStore on another database or memory store: erase them there (integrations.langgraph.erasure)",
     "processes that cached this owner's data key or decoded context keep them in memory until "
     "they restart (data keys for at most a minute as the current key)",
 )
@@ -75,6 +76,10 @@ class ErasureReceipt:
         working: ``versions`` of working state removed.
         workflow: ``runs``, ``steps`` (journal), ``tool_calls`` (ledger), ``approvals``, ``events``.
         memory: The memory store's own receipt, as a dict (None without a memory store).
+        langgraph: ``threads``, ``checkpoints``, ``writes``, ``blobs`` and ``runs`` of the owner's
+            LangGraph threads (None without the langgraph extra).
+        langgraph_store: ``registrations``: the owner's entries in a LangGraph store's owner
+            registry (None without the langgraph extra or a memory store).
         keys: ``data_keys`` shredded (None without a key ring: nothing was sealed).
         locations: Where bytes were rewritten or scrubbed so that nothing deleted stays readable.
         not_reached: What erasure cannot touch by itself, said plainly.
@@ -93,12 +98,14 @@ class ErasureReceipt:
     locations: tuple[str, ...]
     not_reached: tuple[str, ...]
     started_at: datetime
+    langgraph: dict[str, int] | None = None
+    langgraph_store: dict[str, int] | None = None
     finished_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def counts(self) -> dict[str, int]:
         """Every count in one flat dict (``context.events``, ``memory.removed``...), as the audit keeps it."""
         flat = {"cancelled": len(self.cancelled)}
-        for section in ("context", "agents", "working", "workflow", "keys"):
+        for section in ("context", "agents", "working", "workflow", "langgraph", "langgraph_store", "keys"):
             for name, value in (getattr(self, section) or {}).items():
                 flat[f"{section}.{name}"] = value
         if self.memory is not None:
@@ -115,6 +122,8 @@ class ErasureReceipt:
             "working": self.working,
             "workflow": self.workflow,
             "memory": self.memory,
+            "langgraph": self.langgraph,
+            "langgraph_store": self.langgraph_store,
             "keys": self.keys,
             "locations": list(self.locations),
             "not_reached": list(self.not_reached),
@@ -183,9 +192,12 @@ def erase_owner(
 
 
 def _handle(spec: StoreSpec[Any], given: Mapping[str, object]) -> object:
-    """What a store's erase hook works through: the store given, or its tables' database (or None)."""
+    """What a store's erase hook works through: the store given, its tables' database, or the store
+    object of its whole (a part without tables of its own, the LangGraph store's registry in memory)."""
     if spec.name in given:
         return given[spec.name]
+    if spec.lives_in is None:
+        return given.get(spec.part_of or "")
     from statekeep.db import Database
 
     db = getattr(given.get(spec.lives_in or ""), "db", None)

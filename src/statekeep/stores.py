@@ -35,11 +35,12 @@ DECLARATIONS: dict[str, str] = {
     "agents": "statekeep.integrations._agents_items:STORE",
     "langgraph": "statekeep.integrations.langgraph._tables:STORE",
     "memory": "statekeep.stores:MEMORY",
+    "langgraph_store": "statekeep.integrations.langgraph.store:REGISTRATIONS",
     "audit": "statekeep.audit:STORE",
     "keys": "statekeep.keys.ring:STORE",
 }
 #: The declarations an extra brings: absent, not an error, from an install without it.
-OPTIONAL = frozenset({"langgraph"})
+OPTIONAL = frozenset({"langgraph", "langgraph_store"})
 
 
 def _forget(memory: MemoryStore | None, erasing: Erasing) -> Erased | None:

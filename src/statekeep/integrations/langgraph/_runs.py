@@ -83,8 +83,8 @@ class ThreadRuns:
         )
         return None if opened.status.finished else self.store.acquire(opened.run_id, self.holder, LEASE)
 
-    def deleted(self, thread_ids: list[str]) -> None:
-        """The threads were deleted: cancel and delete their runs."""
+    def deleted(self, thread_ids: list[str]) -> int:
+        """The threads were deleted: cancel and delete their runs; how many runs went."""
         with self._lock:
             for thread_id in thread_ids:
                 self._held.pop(thread_id, None)
@@ -98,5 +98,4 @@ class ThreadRuns:
                 with contextlib.suppress(RunFinishedError, RunNotFoundError):  # finished or deleted meanwhile
                     self.store.cancel(found.run_id)
             doomed.append(found.run_id)
-        if doomed:
-            self.store.delete_runs(doomed)
+        return self.store.delete_runs(doomed) if doomed else 0

@@ -224,10 +224,12 @@ def thread_checkpoints(conn: Connection, thread_id: str) -> list[tuple[str, str]
     return [(ns, cid) for ns, cid in conn.execute(q)]
 
 
-def delete_thread(conn: Connection, thread_id: str) -> None:
-    """Delete every checkpoint, blob and write of a thread."""
-    for table in (writes_t, blobs, checkpoints):
-        conn.execute(table.delete().where(table.c.thread_id == thread_id))
+def delete_thread(conn: Connection, thread_id: str) -> dict[str, int]:
+    """Delete every checkpoint, blob and write of a thread; how many rows of each table went."""
+    return {
+        table.name: int(conn.execute(table.delete().where(table.c.thread_id == thread_id)).rowcount)
+        for table in (writes_t, blobs, checkpoints)
+    }
 
 
 def run_checkpoints(conn: Connection, run_ids: list[str]) -> list[tuple[str, str, str]]:

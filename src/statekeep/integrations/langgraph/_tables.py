@@ -13,14 +13,20 @@ A deleted thread leaves one row in ``deleted_threads``: the SHA-256 of its id (n
 id) and its *horizon*, the greatest checkpoint id it had or the delete's moment's; each
 late checkpoint refused since leaves a row in ``refused_checkpoints``. Late writes of a
 stale worker are checked against both (see ``_deleted``).
+
+A thread written with an owner (``config["configurable"]["owner"]``, see ``_owners``) has a
+row in ``threads`` that names it: erasing the owner deletes those threads. On PostgreSQL no
+column that holds a thread id, an owner or a serialized value is sampled by ``ANALYZE``: a
+sample in ``pg_statistic`` would outlive the rows' erasure.
 """
 
 from __future__ import annotations
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from statekeep.db import Database, Migration, upgrade
-from statekeep.db.catalog import StoreSpec
+from statekeep.db.catalog import Erased, Erasing, StoreSpec
 from statekeep.db.migrations import create_tables
 
 SCHEMA = "statekeep_langgraph"
@@ -91,17 +97,53 @@ refused_checkpoints = sa.Table(
     sa.Column("checkpoint_id", sa.String(64), primary_key=True),
 )
 
+threads = sa.Table(
+    "threads",
+    metadata,
+    sa.Column("thread_id", sa.String(255), primary_key=True),
+    # the owner the thread's first write named: erasing the owner deletes the thread
+    sa.Column("owner", sa.String(255), nullable=False, index=True),
+)
+
+#: The columns ``ANALYZE`` must not sample: thread ids, owners and serialized values.
+PRIVATE = {
+    "checkpoints": ("thread_id", "checkpoint", "metadata"),
+    "blobs": ("thread_id", "blob"),
+    "writes": ("thread_id", "blob"),
+    "threads": ("thread_id", "owner"),
+}
+
+
+def _no_statistics(conn: Connection) -> None:
+    # ANALYZE would copy sampled values into pg_statistic, which erasure does not rewrite
+    if conn.dialect.name == "postgresql":
+        for table, columns in PRIVATE.items():
+            for column in columns:
+                conn.exec_driver_sql(f"ALTER TABLE {SCHEMA}.{table} ALTER COLUMN {column} SET STATISTICS 0")
+
+
 MIGRATIONS = [
     Migration(1, "checkpoints, blobs, writes", create_tables(metadata, "checkpoints", "blobs", "writes")),
     Migration(2, "deleted threads", create_tables(metadata, "deleted_threads")),
     Migration(3, "refused late checkpoints", create_tables(metadata, "refused_checkpoints")),
+    Migration(4, "threads: the owner of each owned thread", create_tables(metadata, "threads")),
+    Migration(5, "no statistics on thread ids, owners and values (PostgreSQL)", _no_statistics),
 ]
 
 
-#: The saver's declaration. Its checkpoints name threads, not owners, so erasure does not reach
-#: them yet (``erase`` is None; see :data:`statekeep.erasure.NOT_REACHED`).
+def _erase(db: Database | None, erasing: Erasing) -> Erased | None:
+    """The owner's threads (those the saver recorded as theirs) in the workflow store's database."""
+    if db is None:
+        return None
+    from statekeep.integrations.langgraph.erasure import erase_threads
+
+    return Erased(dict(erase_threads(db, erasing.owner)))
+
+
+#: The saver's declaration: its tables live with the workflow store's; an owner's threads are
+#: those written with the owner in their config (``StatekeepSaver(owner_key=...)``).
 STORE: StoreSpec[Database] = StoreSpec(
-    "langgraph", lives_in="workflow", schema=SCHEMA, metadata=metadata, migrations=MIGRATIONS
+    "langgraph", lives_in="workflow", schema=SCHEMA, metadata=metadata, migrations=MIGRATIONS, erase=_erase
 )
 
 

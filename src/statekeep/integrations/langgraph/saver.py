@@ -44,7 +44,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise missing("langgraph", "statekeep.integrations.langgraph", exc) from exc
 
-from statekeep.integrations.langgraph import _deleted, _sql
+from statekeep.integrations.langgraph import _deleted, _owners, _sql
 from statekeep.integrations.langgraph._lists import Lists
 from statekeep.integrations.langgraph._runs import ThreadRuns
 from statekeep.integrations.langgraph._tables import checkpoints, setup
@@ -76,12 +76,25 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
     ``statekeep runs list``, the console and the webhook see LangGraph threads
     beside statekeep's own runs.
 
+    A thread invoked with an owner (``config["configurable"]["owner"]``, or the key
+    ``owner_key`` names) belongs to that owner: a write naming another owner is refused
+    (:class:`~statekeep.errors.ConflictError`), and erasing the owner
+    (:func:`statekeep.erasure.erase_owner`, ``statekeep erase``) deletes its threads
+    (:func:`statekeep.integrations.langgraph.erasure.erase_threads`).
+
     Args:
         db: a :class:`~statekeep.db.Database` or a database URL (SQLite or PostgreSQL).
         serde: LangGraph serializer; default ``JsonPlusSerializer()`` (no pickle).
         runs: where threads are recorded as runs: True (default) for a workflow store
             on the same database, a :class:`~statekeep.workflow.WorkflowStore`
             (another database, a key ring), or False for nowhere.
+        owner_key: the config key that names a thread's owner, in ``configurable`` or
+            else in ``metadata``: ``"owner"`` (default), ``"user_id"`` as in LangGraph's
+            guides, or None for threads without owners.
+
+    Raises:
+        InvalidInputError: (from a write) the config's owner is not an owner id.
+        ConflictError: (from a write) the thread belongs to another owner; nothing was written.
     """
 
     def __init__(
@@ -90,6 +103,7 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         *,
         serde: SerializerProtocol | None = None,
         runs: WorkflowStore | bool = True,
+        owner_key: str | None = "owner",
     ) -> None:
         super().__init__(serde=serde or JsonPlusSerializer(pickle_fallback=False))
         if getattr(self.serde, "pickle_fallback", False):
@@ -100,6 +114,7 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         store = SQLWorkflowStore(self.db) if runs is True else runs or None
         self.runs = None if store is None else ThreadRuns(store)
         self._lists = Lists()
+        self.owner_key = owner_key
         # one writer at a time on SQLite: LangGraph writes from several threads, and a writer
         # queued on a lock wakes at once where SQLite's busy handler would sleep
         self._write_lock: AbstractContextManager[Any] = (
@@ -151,6 +166,7 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         type_, data = self.serde.dumps_typed(copy)
         meta_type, meta_data = self.serde.dumps_typed(meta)
         run_id = meta.get("run_id")
+        owner = _owners.owner_in(config, self.owner_key)
         row = {
             _deleted.KEY: _deleted.thread_key(thread_id),
             "thread_id": thread_id,
@@ -168,9 +184,12 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
             k: self.serde.dumps_typed(values[k]) if k in values else (_sql.EMPTY, None) for k in new_versions
         }
         with self._writing("saving a LangGraph checkpoint") as conn:
+            claimed = _owners.check(conn, thread_id, owner) is not None
             # the checkpoint first: a late one (its thread deleted) is not stored, nor are its blobs
             stored = conn.execute(self._sql.put_checkpoint, row).first() is not None
             if stored:
+                if not claimed:
+                    _owners.claim(conn, self.db.dialect.insert, thread_id, owner)
                 blob_rows = [
                     self._lists.blob_row(conn, (thread_id, ns), k, str(v), serialized[k], parent_id)
                     for k, v in new_versions.items()
@@ -215,6 +234,7 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         conf = config["configurable"]
+        owner = _owners.owner_in(config, self.owner_key)
         base = {
             _deleted.KEY: _deleted.thread_key(str(conf["thread_id"])),
             "thread_id": str(conf["thread_id"]),
@@ -236,6 +256,7 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
             }
             (special if channel in WRITES_IDX_MAP else regular).append(row)
         with self._writing("saving LangGraph writes") as conn:
+            _owners.check(conn, base["thread_id"], owner)
             if regular:
                 conn.execute(self._sql.put_writes, regular)
             stored = [row for row in special if conn.execute(self._sql.replace_write, row).first()]
@@ -343,6 +364,7 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
             upto = _deleted.horizon(conn, str(thread_id))
             _deleted.record(conn, self.db.dialect.insert, str(thread_id), upto)
             _sql.delete_thread(conn, str(thread_id))
+            _owners.forget(conn, [str(thread_id)])
         self._lists.forget([str(thread_id)])
         if self.runs is not None:
             self.runs.deleted([str(thread_id)])
@@ -392,11 +414,19 @@ class StatekeepSaver(BaseCheckpointSaver[str]):
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and write of one thread to another (which keeps what it had).
 
-        The copy is of one moment: no write to the source lands halfway through it.
+        The copy is of one moment: no write to the source lands halfway through it. The
+        target becomes the source's owner's (erasing the owner erases the copy too).
+
+        Raises:
+            ConflictError: the target belongs to another owner than the source; nothing was copied.
         """
+        source, target = str(source_thread_id), str(target_thread_id)
         with self._writing("copying a LangGraph thread") as conn:
             self._deleting(conn)
-            _sql.copy_thread(conn, self._sql, str(source_thread_id), str(target_thread_id))
+            owner = _owners.owner_of(conn, source)
+            _owners.check(conn, target, owner)
+            _sql.copy_thread(conn, self._sql, source, target)
+            _owners.claim(conn, self.db.dialect.insert, target, owner)
 
     # --- async: the same operations in a worker thread -------------------------------------
 

@@ -24,6 +24,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from statekeep._check import MAX_ID, check_id
+from statekeep.db.catalog import Erased, Erasing, StoreSpec
 from statekeep.errors import ConfigError, InvalidInputError, MemoryNotFoundError
 from statekeep.integrations._extras import missing
 from statekeep.memory import Memory, MemoryStore, Provenance
@@ -53,6 +55,9 @@ __all__ = ["LangChainEmbedder", "StatekeepStore"]
 #: Vector hits read per owner for one search (the memory store's largest ``k``).
 SEARCH_POOL = 1000
 _ITEM, _VEC, _OWNER = "lg:item", "lg:vec", "lg:owner"
+#: The memory owner of a store's owner registry, after the store's ``scope``: one memory per owner,
+#: whose id is a digest of the owner id and whose content is the owner id.
+REGISTRY = "statekeep.langgraph.owners"
 
 
 class LangChainEmbedder:
@@ -126,7 +131,7 @@ class StatekeepStore(BaseStore):
         self.scope = scope
         fields = (index or {}).get("fields") or ["$"]
         self._fields = [(p, tokenize_path(p) if p != "$" else p) for p in fields]
-        self._registry = f"{scope}statekeep.langgraph.owners"
+        self._registry = f"{scope}{REGISTRY}"
         self._owners: set[str] = set()
 
     # --- owners ---------------------------------------------------------------------------
@@ -360,6 +365,32 @@ class StatekeepStore(BaseStore):
         return out
 
 
+def forget_registration(memory: MemoryStore, owner: str) -> int:
+    """Erasure: remove ``owner`` from the owner registry of every :class:`StatekeepStore` on ``memory``.
+
+    The owner's items are the owner's memories (``memory.forget(owner)`` erases them);
+    the registry is a memory of another owner that holds the owner id. Each scope a
+    store may have used is a prefix of the owner id (its owners are ``scope + label``),
+    so every prefix's registry is looked up (a read each); an entry found is erased as
+    ``forget_many`` erases (physically). Returns how many entries went.
+
+    Raises:
+        InvalidInputError: ``owner`` is not an owner id.
+    """
+    check_id(owner, "owner")
+    mid, removed = _digest(owner), 0
+    for end in range(len(owner)):
+        registry = f"{owner[:end]}{REGISTRY}"
+        if len(registry) > MAX_ID:
+            break
+        try:
+            memory.get(registry, mid)
+        except MemoryNotFoundError:
+            continue
+        removed += memory.forget_many(registry, [mid]).removed
+    return removed
+
+
 # --- helpers ---------------------------------------------------------------------------------
 
 
@@ -448,3 +479,17 @@ def _compare(value: Any, wanted: Any) -> bool:
             and all(_compare(a, b) for a, b in zip(value, wanted, strict=False))
         )
     return bool(value == wanted)
+
+
+def _erase_registration(memory: MemoryStore | None, erasing: Erasing) -> Erased | None:
+    """The owner's entries in the stores' owner registries of the runtime's memory store."""
+    if memory is None:
+        return None
+    return Erased({"registrations": forget_registration(memory, erasing.owner)})
+
+
+#: The store's owner registry, declared as a part of long-term memory: its items are the owner's
+#: memories (erased by ``memory.forget``), the registry a memory of another owner naming them.
+REGISTRATIONS: StoreSpec[MemoryStore] = StoreSpec(
+    "langgraph_store", part_of="memory", erase=_erase_registration
+)
