@@ -159,3 +159,106 @@ def test_the_documented_error_tree_is_the_real_one() -> None:
         if isinstance(cls, type) and issubclass(cls, errors.StatekeepError)
     }
     assert drawn == real
+
+
+# --- the house plan (issue 41) ------------------------------------------------------------
+
+
+def _all_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in SRC.rglob("*.py")}
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """Names a module defines itself: functions, classes and assigned names at module level."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.If | ast.Try):  # definitions guarded by a version or import check
+            for stmt in ast.walk(node):
+                if isinstance(stmt, ast.FunctionDef | ast.ClassDef):
+                    names.add(stmt.name)
+                elif isinstance(stmt, ast.Assign):
+                    names |= {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    """No module anywhere in the package takes an underscored name from another (a private module is fine)."""
+    modules = _all_modules()
+    offenders = []
+    for name, path in modules.items():
+        for module, names in _runtime_imports(path):
+            if module.startswith("statekeep") and module != name:
+                offenders += [
+                    f"{name} imports {module}.{n}"
+                    for n in names
+                    if n.startswith("_") and not n.startswith("__") and f"{module}.{n}" not in modules
+                ]
+    assert offenders == []
+
+
+def test_every_name_is_imported_from_the_module_that_defines_it() -> None:
+    """No re-export shims: a name comes from its own module; only a package's __init__ gathers names."""
+    modules = _all_modules()
+    defined = {name: _top_level_names(path) for name, path in modules.items()}
+    offenders = []
+    for name, path in modules.items():
+        for module, names in _runtime_imports(path):
+            if module not in modules or modules[module].name == "__init__.py":
+                continue
+            offenders += [
+                f"{name} imports {n} from {module}"
+                for n in names
+                if n not in defined[module] and f"{module}.{n}" not in modules
+            ]
+    assert offenders == []
+
+
+def test_no_dialect_name_outside_the_dialect_hooks() -> None:
+    """Dialect differences are named hooks in db/dialects.py: no branch on a backend's name elsewhere."""
+
+    def names_a_backend(node: ast.expr) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in {"sqlite", "postgresql"}
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return any(names_a_backend(e) for e in node.elts)
+        return ast.unparse(node).endswith("dialect.name")
+
+    found = [
+        f"{path.relative_to(SRC)}:{node.lineno}: {ast.unparse(node)}"
+        for path in SRC.rglob("*.py")
+        if path != SRC / "db" / "dialects.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Compare) and any(map(names_a_backend, [node.left, *node.comparators]))
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_no_class_of_a_store_inherits_a_non_contract_class_of_its_own_package(store: str) -> None:
+    """A backend extends its store's contract (an abstract class) or a record, never half of another class."""
+    import importlib
+    import inspect
+    from abc import ABC
+
+    from pydantic import BaseModel
+
+    offenders = []
+    package = f"statekeep.{store}"
+    for name in sorted(_modules(store)):
+        module = importlib.import_module(name)
+        for cls in vars(module).values():
+            if not inspect.isclass(cls) or cls.__module__ != name:
+                continue
+            for base in cls.__bases__:
+                if not base.__module__.startswith(package):
+                    continue
+                contract = ABC in base.__bases__  # the store's contract, declared abstract itself
+                record = base.__module__.endswith("._types") or issubclass(base, BaseModel | Exception)
+                if not (contract or record):
+                    offenders.append(f"{name}.{cls.__name__}({base.__module__}.{base.__name__})")
+    assert offenders == []

@@ -163,7 +163,7 @@ def test_every_declared_statistics_column_is_off_on_postgres(postgres_url: str) 
     """After each store's migrations, PostgreSQL samples none of the columns its declaration names."""
     db = Database(postgres_url)
     stores = [spec for spec in _sql_stores() if spec.no_statistics]
-    assert {spec.name for spec in stores} == {"context", "working", "workflow", "agents", "keys"}
+    assert {spec.name for spec in stores} == {"context", "working", "workflow", "agents", "langgraph", "keys"}
     for spec in stores:
         spec.upgrade(db)
         with db.read() as conn:

@@ -49,16 +49,6 @@ NOT_REACHED = (
     "processes that cached this owner's data key or decoded context keep them in memory until "
     "they restart (data keys for at most a minute as the current key)",
 )
-NOT_REACHED_SQLITE = (
-    "the file system below SQLite: freed disk blocks and SSD cells the WAL or the database once used",
-)
-NOT_REACHED_POSTGRES = (
-    "PostgreSQL's write-ahead log (pg_wal) until its segments are recycled, WAL archives, and "
-    "replicas: they hold the deleted rows (payloads sealed) and the owner's wrapped data key",
-    "dead tuples of the deleted rows until autovacuum reuses their pages: sealed payloads "
-    "(undecryptable once the key is shredded) and plain identifiers (owner, session and run ids, "
-    "tool and step names)",
-)
 
 
 @dataclass(frozen=True)
@@ -171,11 +161,8 @@ def erase_owner(
     databases = _databases(*(handles[spec.name] for spec in specs if spec.lives_in is not None))
     locations = [f"{db!r}: {db.scrub(owner)}" for db in databases]
     not_reached = list(NOT_REACHED)
-    names = {db.name for db in databases}
-    if "sqlite" in names:
-        not_reached.extend(NOT_REACHED_SQLITE)
-    if "postgresql" in names:
-        not_reached.extend(NOT_REACHED_POSTGRES)
+    for db in databases:  # what each backend keeps below the rows (its dialect says)
+        not_reached.extend(line for line in db.dialect.not_reached if line not in not_reached)
     for result in erased.values():
         if result is not None:
             locations.extend(result.locations)

@@ -260,7 +260,7 @@ def _incarnation(store: SQLContextStore, session_id: str) -> int | None:
 
 def test_the_entry_cache_is_bounded() -> None:
     """The decoded-entry cache empties itself at its size instead of growing with every session."""
-    from statekeep.context.sql import EntryCache
+    from statekeep.context.sql_cache import EntryCache
 
     cache = EntryCache(size=10)
     rows = [(seq, "user", f'{{"role":"user","content":"{seq}"}}', 3, "c") for seq in range(1, 8)]
@@ -273,7 +273,7 @@ def test_the_entry_cache_is_bounded() -> None:
 
 def test_the_entry_cache_is_bounded_in_characters_too() -> None:
     """Large tool results fill the cache by size, not by count; a read bigger than the bound is not kept."""
-    from statekeep.context.sql import EntryCache
+    from statekeep.context.sql_cache import EntryCache
 
     big = "x" * 1000
     rows = [(seq, "user", f'{{"role":"user","content":"{big}{seq}"}}', 3, "c") for seq in range(1, 6)]
@@ -312,7 +312,7 @@ def test_retention_also_drops_the_deleted_events_from_the_entry_cache(sql_url: s
 
 def test_the_entry_cache_survives_builds_and_retention_on_other_threads() -> None:
     """forget() scans a copy: a build inserting entries on another thread never breaks it."""
-    from statekeep.context.sql import EntryCache
+    from statekeep.context.sql_cache import EntryCache
 
     cache = EntryCache(size=1_000_000)
     rows = [(seq, "user", f'{{"role":"user","content":"{seq}"}}', 3, "c") for seq in range(1, 201)]
@@ -364,7 +364,7 @@ def test_stores_on_one_database_share_decoded_entries_only_with_the_same_key_rin
 def test_the_entry_cache_drops_an_erased_incarnation_when_the_session_is_read_again() -> None:
     """A session erased in another process and started again under its id: this process's entries of
     the erased incarnation are never served (another incarnation), and are not kept either."""
-    from statekeep.context.sql import EntryCache
+    from statekeep.context.sql_cache import EntryCache
 
     cache = EntryCache(size=1000)
     old = [(seq, "user", f'{{"role":"user","content":"secret {seq}"}}', 3, "c") for seq in range(1, 6)]
@@ -385,7 +385,7 @@ def test_the_entry_cache_drops_an_erased_incarnation_when_the_session_is_read_ag
 def test_the_entry_cache_drops_an_erased_incarnation_it_kept_while_emptying_itself() -> None:
     """A read that empties the full cache keeps its rows: they are still known as of their incarnation,
     so reading the session's next incarnation drops them."""
-    from statekeep.context.sql import EntryCache
+    from statekeep.context.sql_cache import EntryCache
 
     def row(seq: int, text: str) -> tuple[int, str, str, int, str]:
         return (seq, "user", f'{{"role":"user","content":"{text} {seq}"}}', 3, "c")

@@ -7,10 +7,10 @@ rolling summary, and the newest events, never separating a tool call from its
 results. See ``docs/context.md``.
 """
 
+from statekeep._memory_block import MemoryItem
 from statekeep.context._types import (
     ContextReport,
     Event,
-    MemoryItem,
     Message,
     Summary,
     ToolCall,

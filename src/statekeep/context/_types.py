@@ -16,7 +16,7 @@ from statekeep._check import check_json, check_number, check_unicode
 
 # The memory item is defined beside its renderer, which the memory store shares.
 from statekeep._memory_block import MEMORY_SOURCES as MEMORY_SOURCES
-from statekeep._memory_block import MemoryItem as MemoryItem
+from statekeep._memory_block import MemoryItem
 from statekeep._memory_block import MemorySource as MemorySource
 from statekeep.errors import InvalidInputError
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from statekeep._check import check_id, check_int, check_json, check_unicode
-from statekeep._memory_block import render_memories
+from statekeep._memory_block import MemoryItem, render_memories
 from statekeep.context import compaction
 from statekeep.context._log import Append, Head, LogReader, LogView, check_reader, summary_event
 from statekeep.context._types import (
@@ -23,7 +23,6 @@ from statekeep.context._types import (
     TOOL_RESULT,
     ContextReport,
     LogEntry,
-    MemoryItem,
     Message,
     to_memory,
 )

@@ -29,7 +29,8 @@ from sqlalchemy.engine import Connection
 from statekeep.context._log import Draft, LogView
 from statekeep.context._types import SUMMARY, Event, Message
 from statekeep.context.base import ContextStore
-from statekeep.context.sql_read import STATEMENTS, EntryCache, SQLView, events_of, shared_cache
+from statekeep.context.sql_cache import shared_cache
+from statekeep.context.sql_read import STATEMENTS, SQLView, events_of
 from statekeep.context.summarize import Summarizer
 from statekeep.context.tables import MIGRATIONS, SCHEMA, events, metadata, sessions, setup
 from statekeep.context.tokens import TokenCounter
@@ -41,7 +42,6 @@ from statekeep.keys import KeyRing
 __all__ = [
     "MIGRATIONS",
     "SCHEMA",
-    "EntryCache",
     "SQLContextStore",
     "append_events",
     "events",

@@ -16,11 +16,11 @@ from sqlalchemy.engine import Connection
 
 from statekeep.context._log import Head
 from statekeep.context._types import Event, LogEntry
-from statekeep.context.sql_cache import EntryCache, Refetch, payloads, shared_cache
+from statekeep.context.sql_cache import EntryCache, Refetch, payloads
 from statekeep.context.tables import events, sessions
 from statekeep.keys import KeyRing
 
-__all__ = ["STATEMENTS", "EntryCache", "SQLView", "events_of", "shared_cache"]
+__all__ = ["STATEMENTS", "SQLView", "events_of"]
 
 #: The columns a read needs; the session id is known, so it is not read back.
 _COLUMNS = (

@@ -42,7 +42,9 @@ def _installed(module: str) -> bool:
 
 def available(backend: str = "postgresql") -> bool:
     """True when the async drivers for ``backend`` (``sqlite`` or ``postgresql``) are installed."""
-    return _installed("greenlet") and _installed("aiosqlite" if backend == "sqlite" else "psycopg")
+    from statekeep.db.dialects import named
+
+    return _installed("greenlet") and _installed(named(backend).async_module)
 
 
 def active() -> bool:

@@ -29,8 +29,14 @@ class Dialect:
     single_writer = False
     #: True where a timestamp column keeps its time zone (SQLite stores naive UTC).
     keeps_time_zones = True
-    #: The SQLAlchemy driver of code driven on an event loop.
+    #: The SQLAlchemy driver of code driven on an event loop, and the module it needs.
     async_driver = ""
+    async_module = ""
+    #: True where a deleted row stays on disk as a dead tuple until its table is rewritten
+    #: (PostgreSQL); SQLite overwrites deleted rows (``secure_delete``).
+    keeps_dead_rows = False
+    #: What an erasure cannot reach on this backend, said plainly (an erasure receipt's lines).
+    not_reached: tuple[str, ...] = ()
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments for ``create_engine`` (the connection pool's size)."""
@@ -160,6 +166,10 @@ class SQLiteDialect(Dialect):
     single_writer = True
     keeps_time_zones = False
     async_driver = "sqlite+aiosqlite"
+    async_module = "aiosqlite"
+    not_reached = (
+        "the file system below SQLite: freed disk blocks and SSD cells the WAL or the database once used",
+    )
 
     def in_memory(self, url: URL) -> bool:
         return url.database in (None, "", ":memory:")
@@ -231,6 +241,15 @@ class PostgresDialect(Dialect):
     name = "postgresql"
     has_schemas = True
     async_driver = "postgresql+psycopg"
+    async_module = "psycopg"
+    keeps_dead_rows = True
+    not_reached = (
+        "PostgreSQL's write-ahead log (pg_wal) until its segments are recycled, WAL archives, and "
+        "replicas: they hold the deleted rows (payloads sealed) and the owner's wrapped data key",
+        "dead tuples of the deleted rows until autovacuum reuses their pages: sealed payloads "
+        "(undecryptable once the key is shredded) and plain identifiers (owner, session and run ids, "
+        "tool and step names)",
+    )
 
     def engine_options(self) -> dict[str, Any]:
         return {"pool_size": 5, "max_overflow": 10}
@@ -328,6 +347,15 @@ _BASE = Dialect()
 def dialect_of(url: URL) -> Dialect:
     """The hooks of a (normalized) database URL's backend."""
     return _HOOKS[url.get_backend_name()]
+
+
+def named(name: str) -> Dialect:
+    """The hooks of a backend by its name (``sqlite`` or ``postgresql``).
+
+    Raises:
+        KeyError: no such backend.
+    """
+    return _HOOKS[name]
 
 
 def hooks(dialect: sa.engine.Dialect) -> Dialect:

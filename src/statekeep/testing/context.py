@@ -8,7 +8,7 @@ from statekeep.context import (
     ContextStore,
 )
 from statekeep.testing._context_builds import KeysBuildsSummaries
-from statekeep.testing._context_kit import ContextStoreFactory as ContextStoreFactory
+from statekeep.testing._context_kit import ContextStoreFactory
 from statekeep.testing._context_log import LogAndOwners
 from statekeep.testing._context_markers import MarkerSuite
 

@@ -27,6 +27,7 @@ from sqlalchemy.engine import Connection
 
 from statekeep.db import Database, Migration, upgrade
 from statekeep.db.catalog import Erased, Erasing, StoreSpec
+from statekeep.db.dialects import no_statistics
 from statekeep.db.migrations import create_tables
 
 SCHEMA = "statekeep_langgraph"
@@ -116,10 +117,7 @@ PRIVATE = {
 
 def _no_statistics(conn: Connection) -> None:
     # ANALYZE would copy sampled values into pg_statistic, which erasure does not rewrite
-    if conn.dialect.name == "postgresql":
-        for table, columns in PRIVATE.items():
-            for column in columns:
-                conn.exec_driver_sql(f"ALTER TABLE {SCHEMA}.{table} ALTER COLUMN {column} SET STATISTICS 0")
+    no_statistics(conn, SCHEMA, PRIVATE)
 
 
 MIGRATIONS = [
@@ -143,7 +141,13 @@ def _erase(db: Database | None, erasing: Erasing) -> Erased | None:
 #: The saver's declaration: its tables live with the workflow store's; an owner's threads are
 #: those written with the owner in their config (``StatekeepSaver(owner_key=...)``).
 STORE: StoreSpec[Database] = StoreSpec(
-    "langgraph", lives_in="workflow", schema=SCHEMA, metadata=metadata, migrations=MIGRATIONS, erase=_erase
+    "langgraph",
+    lives_in="workflow",
+    schema=SCHEMA,
+    metadata=metadata,
+    migrations=MIGRATIONS,
+    no_statistics=PRIVATE,
+    erase=_erase,
 )
 
 

@@ -66,7 +66,7 @@ def erase_threads(db: Database, owner: str) -> dict[str, int]:
             for table, removed in _sql.delete_thread(conn, thread_id).items():
                 counts[table] += removed
         counts["threads"] = _owners.forget(conn, thread_ids)
-        mark = conn.exec_driver_sql(MARK).scalar_one() if db.name == "postgresql" and thread_ids else None
+        mark = conn.exec_driver_sql(MARK).scalar_one() if db.dialect.keeps_dead_rows and thread_ids else None
     counts["runs"] += _delete_runs(db, thread_ids)  # a run a write opened again meanwhile
     if mark is not None:
         rewrite(db, [f"{SCHEMA}.{t.name}" for t in REWRITTEN], mark=str(mark), owner=owner)
