@@ -716,7 +716,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))  # tests.memory: the phrases and texts of the tests
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-    results["machine"] = {
+    machine = {
         "cpu_count": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
         "python": platform.python_version(),
@@ -732,14 +732,14 @@ def main(argv: list[str]) -> int:
     for name in parts if args.parts is None else args.parts:
         print(f"{name} ...", flush=True)
         try:
-            results[name] = parts[name]()
+            results[name] = {"machine": machine, **parts[name]()}
         except Missing as exc:
             print(f"  skipped: a candidate is not installed: {exc}")
             results[name] = {"skipped": str(exc)}
             continue
         print(json.dumps(results[name], indent=1, default=str)[:3000])
     if args.sizes:
-        results["install_mb"] = sizes(args.sizes)
+        results["install_mb"] = {"machine": machine, **sizes(args.sizes)}
         print(json.dumps(results["install_mb"], indent=1))
     RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(f"written to {RESULTS.relative_to(ROOT)}")
