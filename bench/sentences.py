@@ -5,12 +5,12 @@
     PYTHONPATH=src python -m bench.sentences --small     # retrieval's --small owner (a test)
 
 A memory of two or more sentences and at most ``SENTENCE_CHARS`` characters keeps a
-vector per sentence (:mod:`statekeep.memory._sentences`), and hybrid search scores every
+vector per sentence (:mod:`statekeep.memory.recall._sentences`), and hybrid search scores every
 candidate of either ranking by its best cosine. This rebuilds LanceDB's hybrid search in
 process from statekeep's own parts (the same memories, exact duplicates standing for
 the first as ``dedupe="exact"`` does; unit vectors and exact cosine; BM25 over the
-owner's memories, :class:`statekeep.memory._bm25.TextIndex`; the store's fusion,
-:func:`statekeep.memory._ranking.fuse_scores`) and takes it apart. Its ``vector`` and
+owner's memories, :class:`statekeep.memory.recall._bm25.TextIndex`; the store's fusion,
+:func:`statekeep.memory.recall._ranking.fuse_scores`) and takes it apart. Its ``vector`` and
 ``hybrid`` rows must equal the store's in ``bench/results/retrieval.json``, overall and
 by category (checked when that file has the dataset; the test suite checks it on one
 owner). The other rows:
@@ -21,7 +21,7 @@ owner). The other rows:
   0.5), by its whole vector only: what the fusion adds without sentences (with the
   period a query names, as the store);
 * ``hybrid/no-time``: the store's search without the period a query names
-  (:mod:`statekeep.memory._when`; ``Fusion(time_weight=0)``);
+  (:mod:`statekeep.memory.recall._when`; ``Fusion(time_weight=0)``);
 * ``hybrid/no-opener``: the store's search without the lift of the memory that opens its
   session (``Fusion(opener_weight=0)``);
 * ``hybrid/all-sentences``: sentences for memories of any length (the write costs more);
@@ -49,13 +49,14 @@ import numpy as np
 
 from bench import _datasets as data
 from bench.retrieval import KS, RESULTS, by_category, content, recall, summarize
-from statekeep.memory import Memory, Provenance, SearchResult, SentenceTransformerEmbedder, _bm25, _when
-from statekeep.memory._bm25 import TextIndex
+from statekeep.memory import Memory, Provenance, SearchResult, SentenceTransformerEmbedder
 from statekeep.memory._dedupe import identity
-from statekeep.memory._exact import nearest
-from statekeep.memory._ranking import Fusion, fuse_scores, openers_among
-from statekeep.memory._sentences import SENTENCE_CHARS, sentences
 from statekeep.memory.embedders import normalize
+from statekeep.memory.recall import _bm25, _when
+from statekeep.memory.recall._bm25 import TextIndex
+from statekeep.memory.recall._exact import nearest
+from statekeep.memory.recall._ranking import Fusion, fuse_scores, openers_among
+from statekeep.memory.recall._sentences import SENTENCE_CHARS, sentences
 
 OUT = Path(__file__).parent / "results" / "sentences.json"
 #: The fusion before sentence vectors (its vector weight), before periods named by the query and

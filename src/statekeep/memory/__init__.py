@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from statekeep._extras import requires
 from statekeep.errors import InvalidInputError
-from statekeep.memory._ranking import Fusion
 from statekeep.memory._types import (
     DEFAULT_TRUST,
     Filters,
@@ -31,6 +30,7 @@ from statekeep.memory._types import (
     SourceKind,
 )
 from statekeep.memory.prompt import render_memories
+from statekeep.memory.recall._ranking import Fusion
 
 # Every backend and embedder computes with numpy; LanceDB, the default backend, names the extra.
 with requires("lancedb", "long-term memory"):

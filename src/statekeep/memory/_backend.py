@@ -12,10 +12,10 @@ from datetime import datetime
 
 import numpy as np
 
-from statekeep.memory._ranking import openers_of
-from statekeep.memory._sentences import Parts, best_cosines
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Vectors
+from statekeep.memory.recall._ranking import openers_of
+from statekeep.memory.recall._sentences import Parts, best_cosines
 
 
 class MemoryBackend(ABC):

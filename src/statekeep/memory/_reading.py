@@ -11,9 +11,8 @@ from typing import ClassVar
 
 from statekeep import _check, tracing
 from statekeep.errors import InvalidInputError, MemoryNotFoundError
-from statekeep.memory import _types, _when
+from statekeep.memory import _types
 from statekeep.memory._backend import MemoryBackend
-from statekeep.memory._ranking import Fusion, fuse_scores
 from statekeep.memory._types import (
     SEARCH_MODES,
     Memory,
@@ -24,6 +23,8 @@ from statekeep.memory._types import (
     SourceKind,
 )
 from statekeep.memory.embedders import Embedder, Vectors, check_query_vector
+from statekeep.memory.recall._ranking import Fusion, fuse_scores
+from statekeep.memory.recall._when import window
 
 
 class Reading(MemoryBackend):
@@ -68,7 +69,7 @@ class Reading(MemoryBackend):
         fuses the vector ranking with the full-text ranking by their normalised
         scores, lifts the memory that opens its session, lets neighbouring memories
         of a session lend each other context and scores long memories down by their length (see
-        :mod:`statekeep.memory._ranking`); ``"vector"`` ranks by meaning alone
+        :mod:`statekeep.memory.recall._ranking`); ``"vector"`` ranks by meaning alone
         (score = cosine), ``"text"`` by full-text relevance alone. Superseded
         and expired memories are never returned; memories merged into another
         (``dedupe="similar"``) only with ``include_merged=True``. A memory
@@ -123,7 +124,7 @@ class Reading(MemoryBackend):
         candidates that open their session are lifted (:meth:`_openers`)."""
         pool = max(k, self.fusion.pool)
         near, text = self._hybrid(owner, vec, query, pool, filters, now)
-        period = _when.window(query, now) if self.fusion.time_weight > 0 else None
+        period = window(query, now) if self.fusion.time_weight > 0 else None
         if period is not None:
             since = max(period[0], filters.since or period[0])
             until = min(period[1], filters.until or period[1])

@@ -10,9 +10,9 @@ from typing import ClassVar
 from statekeep import _check
 from statekeep.errors import InvalidInputError
 from statekeep.memory._backend import MemoryBackend
-from statekeep.memory._sentences import Parts, sentence_vectors_of
 from statekeep.memory._types import ForgetReceipt, Memory
 from statekeep.memory.embedders import Embedder, Vectors
+from statekeep.memory.recall._sentences import Parts, sentence_vectors_of
 
 #: ``progress(done, total)``, called after each batch of a re-embedding.
 Progress = Callable[[int, int], None]

@@ -23,10 +23,8 @@ import numpy as np
 from statekeep import _check, tracing
 from statekeep.errors import ConflictError, InvalidInputError
 from statekeep.memory import _dedupe, _types
-from statekeep.memory._dedupe import DEFAULT_DUPLICATE_THRESHOLD, UNSET, merged, policy
-from statekeep.memory._ranking import RRF_K, Fusion, fuse, rank_key, top_k
+from statekeep.memory._dedupe import UNSET, merged, policy
 from statekeep.memory._reading import Reading
-from statekeep.memory._sentences import SENTENCE_CHARS, Parts, embed_with_sentences
 from statekeep.memory._types import (
     Dedupe,
     DedupeMode,
@@ -43,17 +41,8 @@ from statekeep.memory.embedders import (
     check_vectors,
     is_embedder,
 )
-
-__all__ = [  # the names other modules and older code import from here
-    "DEFAULT_DUPLICATE_THRESHOLD",
-    "RRF_K",
-    "UNSET",
-    "MemoryStore",
-    "fuse",
-    "new_id",
-    "rank_key",
-    "top_k",
-]
+from statekeep.memory.recall._ranking import Fusion
+from statekeep.memory.recall._sentences import SENTENCE_CHARS, Parts, embed_with_sentences
 
 
 def new_id() -> str:

@@ -7,9 +7,9 @@ partition.
 
 from __future__ import annotations
 
-from statekeep.memory._pgsql import SELECT_COLUMNS, TABLE, TIES, WORDS, literal, vector_expr
 from statekeep.memory._rows import to_us
 from statekeep.memory._types import Filters
+from statekeep.memory.pgvector._sql import SELECT_COLUMNS, TABLE, TIES, WORDS, literal, vector_expr
 
 
 def scope_where(now_us: int | None, filters: Filters | None) -> tuple[str, dict[str, object]]:

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from statekeep.db import Migration
 from statekeep.memory._dedupe import identity
-from statekeep.memory._irregular import sql_function
+from statekeep.memory.recall._irregular import sql_function
 
 SCHEMA = "statekeep_memory"
 TABLE = f"{SCHEMA}.memories"

@@ -31,21 +31,22 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+import statekeep.memory.pgvector._search as ps
+import statekeep.memory.pgvector._sql as q
 from statekeep._check import check_int
 from statekeep.db import Database, upgrade
 from statekeep.db.engine import storage_error
 from statekeep.db.migrations import current_version
 from statekeep.db.rewrite import MARK, rewrite
 from statekeep.errors import ConfigError, StorageError
-from statekeep.memory import _pg_search as ps
-from statekeep.memory import _pgsql as q
-from statekeep.memory import base
-from statekeep.memory._irregular import base_forms
-from statekeep.memory._pg_pipeline import Pipelined, Statement
 from statekeep.memory._rows import from_row, to_row, to_us
-from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory, SearchResult
+from statekeep.memory.base import MemoryStore
 from statekeep.memory.embedders import Embedder, Vectors
+from statekeep.memory.pgvector._pipeline import Pipelined, Statement
+from statekeep.memory.recall._irregular import base_forms
+from statekeep.memory.recall._ranking import rank_key, top_k
+from statekeep.memory.recall._sentences import Parts
 
 NOT_REACHED = (
     "PostgreSQL's write-ahead log (pg_wal) until its segments are recycled, and WAL archives",
@@ -55,7 +56,7 @@ NOT_REACHED = (
 _UNSPLIT = "model = :m AND sentences IS NULL AND char_length(content) <= :n"
 
 
-class PgVectorMemoryStore(Pipelined, base.MemoryStore):
+class PgVectorMemoryStore(Pipelined, MemoryStore):
     """Memories in PostgreSQL with pgvector; the production backend for many workers.
 
     Examples:
@@ -235,7 +236,7 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
     def _neighbours(rows: list[dict[str, Any]]) -> list[SearchResult]:
         found = [SearchResult(from_row(r), 1.0 - float(r["distance"])) for r in rows]
         # relaxed_order may return neighbours slightly out of order: sort them here
-        return sorted(found, key=base.rank_key)
+        return sorted(found, key=rank_key)
 
     def _nearest(
         self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
@@ -243,7 +244,7 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         exact = not self._is_big(owner)
         fetch = functools.partial(self._fetch_nearest, owner, vector, filters, now)
         # exact: one more than k, and more only if that one ties with the k-th (see ps.nearest_sql)
-        return base.top_k(fetch, k) if exact else fetch(k, exact=False)
+        return top_k(fetch, k) if exact else fetch(k, exact=False)
 
     def _fetch_nearest(
         self, owner: str, vector: Vectors, filters: Filters, now: datetime, n: int, *, exact: bool = True
@@ -264,7 +265,7 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         hits = self._neighbours(near_rows)
         if exact:
             fetch = functools.partial(self._fetch_nearest, owner, vector, filters, now)
-            hits = base.top_k(fetch, k, first=hits)
+            hits = top_k(fetch, k, first=hits)
         texts = [SearchResult(from_row(r), float(r["rank"])) for r in text_rows]
         best = {r["id"]: float(r["best"]) for r in (*near_rows, *text_rows) if r["best"] is not None}
         missing = [h.memory.id for h in hits if h.memory.id not in best]  # fetched again at a tie

@@ -27,9 +27,9 @@ from psycopg.rows import dict_row
 from psycopg.types import TypeInfo
 from sqlalchemy.engine import Connection
 
+import statekeep.memory.pgvector._sql as q
 from statekeep.db import Database
 from statekeep.db.engine import storage_error
-from statekeep.memory import _pgsql as q
 
 #: How long searches trust what they learnt of an owner's size (exact search, or the HNSW index).
 SIZE_HINT_SECONDS = 30.0

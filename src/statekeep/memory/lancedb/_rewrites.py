@@ -2,7 +2,7 @@
 
 Part of :class:`~statekeep.memory.lancedb.LanceDBMemoryStore` (:class:`Rewrites`), which
 sets the fields. Erasure deletes the rows, then rewrites each data file that held one
-and deletes every old version (:mod:`statekeep.memory._lance_layout`); re-embedding
+and deletes every old version (:mod:`statekeep.memory.lancedb._layout`); re-embedding
 merges the new vectors in by (owner, id), or rewrites the table for vectors of another
 length.
 """
@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 
 from statekeep.errors import ErasureError
-from statekeep.memory import _lance_layout, _lock, _sentences
-from statekeep.memory._lance_sql import in_list, quote, where
-from statekeep.memory._owner_cache import OwnerCache
 from statekeep.memory._rows import COLUMNS, from_row, to_us
-from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Memory
 from statekeep.memory.embedders import Vectors
+from statekeep.memory.lancedb._layout import arrow_rows, erase, schema
+from statekeep.memory.lancedb._lock import one_at_a_time
+from statekeep.memory.lancedb._owner_cache import OwnerCache
+from statekeep.memory.lancedb._sql import in_list, quote, where
+from statekeep.memory.recall._sentences import Parts, take
 
 TABLE = "memories"
 NOT_REACHED = ("copies of the folder made outside statekeep (backups, snapshots, synced or copied folders)",)
@@ -59,7 +60,7 @@ class Rewrites:
 
     # --- erasure --------------------------------------------------------------------------
 
-    @_lock.one_at_a_time("erasing memories")
+    @one_at_a_time("erasing memories")
     def _erase(self, owner: str, ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
         self._writable()
         clause = where(owner) if ids is None else f"{where(owner)} AND {in_list('id', ids)}"
@@ -91,7 +92,7 @@ class Rewrites:
         step = "compaction"
         try:
             dataset = self._dataset() if dataset is None else dataset
-            _lance_layout.erase(dataset)
+            erase(dataset)
             step = "cleanup of old versions"
             dataset.cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
         except (OSError, RuntimeError, ValueError) as exc:
@@ -101,7 +102,7 @@ class Rewrites:
             self._owner_rows.clear()
         self._indexed = self._indexed and self._has_vector_index()  # a rewrite never adds one
 
-    @_lock.one_at_a_time("erasing expired memories")
+    @one_at_a_time("erasing expired memories")
     def _purge(self, now: datetime) -> int:
         self._writable()
         clause = f"expires_us IS NOT NULL AND expires_us <= {to_us(now)}"
@@ -114,16 +115,16 @@ class Rewrites:
 
     # --- re-embedding ---------------------------------------------------------------------
 
-    @_lock.one_at_a_time("counting memories to re-embed")
+    @one_at_a_time("counting memories to re-embed")
     def _count_stale(self, model: str) -> int:
         return int(self._table.count_rows(f"model != {quote(model)}"))
 
-    @_lock.one_at_a_time("reading memories to re-embed")
+    @one_at_a_time("reading memories to re-embed")
     def _stale(self, model: str, limit: int) -> list[tuple[str, str, str]]:
         q = self._table.search().where(f"model != {quote(model)}").select(["owner", "id", "content"])
         return [(r["owner"], r["id"], r["content"]) for r in q.limit(limit).to_list()]
 
-    @_lock.one_at_a_time("storing re-embedded vectors")
+    @one_at_a_time("storing re-embedded vectors")
     def _set_vectors(
         self, model: str, rows: list[tuple[str, str, str]], vectors: Vectors, parts: Parts | None = None
     ) -> None:
@@ -138,24 +139,24 @@ class Rewrites:
         updated = [Memory(**{**_fields(m), "model": model}) for m in found]
         order = [by_key[(m.owner, m.id, m.content)] for m in found]
         stacked = vectors[order]
-        batch = _lance_layout.arrow_rows(updated, stacked, vectors.shape[1], _sentences.take(parts, order))
+        batch = arrow_rows(updated, stacked, vectors.shape[1], take(parts, order))
         self._table.merge_insert(["owner", "id"]).when_matched_update_all().execute(batch)
 
     def _unsplit_clause(self, model: str, most_chars: int) -> str:
         return f"model = {quote(model)} AND sentences IS NULL AND char_length(content) <= {int(most_chars)}"
 
-    @_lock.one_at_a_time("counting memories to split into sentences")
+    @one_at_a_time("counting memories to split into sentences")
     def _count_unsplit(self, model: str, most_chars: int) -> int:
         self._writable()  # before anything is embedded
         return int(self._table.count_rows(self._unsplit_clause(model, most_chars)))
 
-    @_lock.one_at_a_time("reading memories to split into sentences")
+    @one_at_a_time("reading memories to split into sentences")
     def _unsplit(self, model: str, most_chars: int, limit: int) -> list[tuple[str, str, str]]:
         found = self._table.search().where(self._unsplit_clause(model, most_chars))
         rows = found.select(["owner", "id", "content"]).limit(limit).to_list()
         return [(r["owner"], r["id"], r["content"]) for r in rows]
 
-    @_lock.one_at_a_time("storing sentence vectors")
+    @one_at_a_time("storing sentence vectors")
     def _set_sentences(
         self, model: str, rows: list[tuple[str, str, str]], parts: list[Vectors]
     ) -> set[tuple[str, str]]:
@@ -169,7 +170,7 @@ class Rewrites:
         memories = [from_row(r) for r in found]
         vectors = np.asarray([r["vector"] for r in found], dtype=np.float32)
         cells: Parts = [parts[by_key[(m.owner, m.id, m.content)]] for m in memories]
-        batch = _lance_layout.arrow_rows(memories, vectors, vectors.shape[1], cells)
+        batch = arrow_rows(memories, vectors, vectors.shape[1], cells)
         self._table.merge_insert(["owner", "id"]).when_matched_update_all().execute(batch)
         return {(m.owner, m.id) for m in memories}
 
@@ -196,10 +197,8 @@ class Rewrites:
         """Rewrite the table for vectors of another length; every memory becomes stale ('' model)."""
         rows = [from_row(r) for r in self._rows("true", list(COLUMNS))]
         stale = [Memory(**{**_fields(m), "model": ""}) for m in rows]
-        data = _lance_layout.arrow_rows(stale, np.zeros((len(stale), dimension), dtype=np.float32), dimension)
-        self._table = self._db.create_table(
-            TABLE, data=data, schema=_lance_layout.schema(dimension), mode="overwrite"
-        )
+        data = arrow_rows(stale, np.zeros((len(stale), dimension), dtype=np.float32), dimension)
+        self._table = self._db.create_table(TABLE, data=data, schema=schema(dimension), mode="overwrite")
         self._cache.drop()
         self._dim = dimension
         self._indexed = False
