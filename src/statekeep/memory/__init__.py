@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from statekeep._extras import requires
 from statekeep.errors import InvalidInputError
+from statekeep.memory._backend import Capability
 from statekeep.memory._types import (
     DEFAULT_TRUST,
     Filters,
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_TRUST",
+    "Capability",
     "Embedder",
     "FakeEmbedder",
     "Filters",

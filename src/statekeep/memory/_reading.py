@@ -12,7 +12,7 @@ from typing import ClassVar
 from statekeep import _check, tracing
 from statekeep.errors import InvalidInputError, MemoryNotFoundError
 from statekeep.memory import _types
-from statekeep.memory._backend import MemoryBackend
+from statekeep.memory._backend import Capability, MemoryBackend
 from statekeep.memory._types import (
     SEARCH_MODES,
     Memory,
@@ -65,7 +65,7 @@ class Reading(MemoryBackend):
     ) -> list[SearchResult]:
         """The owner's ``k`` current memories most relevant to ``query``, best first.
 
-        ``mode="hybrid"`` (the default, the best measured by ``bench/retrieval.py``)
+        ``mode="hybrid"`` (the default; ``bench/retrieval.py`` compares the modes)
         fuses the vector ranking with the full-text ranking by their normalised
         scores, lifts the memory that opens its session, lets neighbouring memories
         of a session lend each other context and scores long memories down by their length (see
@@ -124,7 +124,8 @@ class Reading(MemoryBackend):
         candidates that open their session are lifted (:meth:`_openers`)."""
         pool = max(k, self.fusion.pool)
         near, text = self._hybrid(owner, vec, query, pool, filters, now)
-        period = window(query, now) if self.fusion.time_weight > 0 else None
+        timed = "time" in self.fusion.stages and self.fusion.time_weight > 0
+        period = window(query, now) if timed else None
         if period is not None:
             since = max(period[0], filters.since or period[0])
             until = min(period[1], filters.until or period[1])
@@ -134,7 +135,11 @@ class Reading(MemoryBackend):
                 seen = {h.memory.id for h in near}
                 near = [*near, *(h for h in more if h.memory.id not in seen)]
         openers: set[str] = set()
-        if self.fusion.opener_weight > 0:
+        if (
+            "opener" in self.fusion.stages
+            and self.fusion.opener_weight > 0
+            and Capability.OPENERS in self.capabilities
+        ):
             openers = self._openers(owner, list({h.memory.id: h.memory for h in (*near, *text)}.values()))
         return fuse_scores(near, text, k, self.fusion, period, query, openers)
 

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from statekeep import _check
 from statekeep.errors import InvalidInputError
-from statekeep.memory._backend import MemoryBackend
+from statekeep.memory._backend import Capability, MemoryBackend
 from statekeep.memory._types import ForgetReceipt, Memory
 from statekeep.memory.embedders import Embedder, Vectors
 from statekeep.memory.recall._sentences import Parts, sentence_vectors_of
@@ -183,7 +183,7 @@ class Upkeep(MemoryBackend):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidInputError("must be an int >= 1", field="batch_size")
         model, most = self.embedder.name, self.sentence_chars
-        if most == 0:
+        if most == 0 or Capability.SENTENCE_VECTORS not in self.capabilities:
             return 0
         total = self._count_unsplit(model, most)
         read = gained = 0

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from statekeep.memory._backend import Capability
 from statekeep.memory._dedupe import identity
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.base import MemoryStore
@@ -43,6 +44,7 @@ class InMemoryMemoryStore(MemoryStore):
     """
 
     backend = "memory"
+    capabilities = frozenset({Capability.CANDIDATE_COSINES, Capability.SENTENCE_VECTORS, Capability.OPENERS})
 
     def __init__(
         self, embedder: Embedder | None = None, *, shared: InMemoryMemoryStore | None = None, **kw: Any

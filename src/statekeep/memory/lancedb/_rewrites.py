@@ -73,8 +73,8 @@ class Rewrites:
         return removed, self._locations(), list(NOT_REACHED)
 
     def _dataset(self) -> Any:
-        """The table as a Lance dataset of its own: without the table's index cache, an erasure is
-        faster (about a third, measured); :meth:`_rewrite` reopens the table after writing through it."""
+        """The table as a Lance dataset of its own, without the table's index cache (an erasure is
+        faster so: docs/memory.md, backends); :meth:`_rewrite` reopens the table after writing through it."""
         import lance
 
         return lance.dataset(str(self.path / f"{TABLE}.lance"))

@@ -33,6 +33,7 @@ import numpy as np
 from statekeep._check import check_int
 from statekeep._extras import requires
 from statekeep.errors import ConfigError, InvalidInputError
+from statekeep.memory._backend import Capability
 from statekeep.memory._rows import COLUMNS, from_row, to_us
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.base import MemoryStore
@@ -89,6 +90,15 @@ class LanceDBMemoryStore(Rewrites, MemoryStore):
     """
 
     backend = "lancedb"
+    capabilities = frozenset(
+        {
+            Capability.CANDIDATE_COSINES,
+            Capability.SENTENCE_VECTORS,
+            Capability.OPENERS,
+            Capability.BATCHED_NEAREST,
+            Capability.OPTIMIZE,
+        }
+    )
 
     def __init__(
         self,

@@ -39,6 +39,7 @@ from statekeep.db.engine import storage_error
 from statekeep.db.migrations import current_version
 from statekeep.db.rewrite import MARK, rewrite
 from statekeep.errors import ConfigError, StorageError
+from statekeep.memory._backend import Capability
 from statekeep.memory._rows import from_row, to_row, to_us
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.base import MemoryStore
@@ -72,6 +73,7 @@ class PgVectorMemoryStore(Pipelined, MemoryStore):
     """
 
     backend = "pgvector"
+    capabilities = frozenset(Capability)  # every one
 
     def __init__(
         self,
