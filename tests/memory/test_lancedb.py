@@ -219,8 +219,7 @@ def test_a_folder_of_an_earlier_version_is_upgraded_with_identities_and_write_or
     import lancedb
     import pyarrow as pa
 
-    from statekeep.memory.lancedb._layout import schema
-    from statekeep.memory.lancedb._rewrites import TABLE
+    from statekeep.memory.lancedb._layout import TABLE, schema
 
     new = ("key", "dedupe_key", "duplicate_score", "seq", "sentences")
     old_schema = pa.schema([f for f in schema(16) if f.name not in new])

@@ -353,8 +353,7 @@ def test_a_lancedb_folder_of_the_previous_version_gains_the_sentence_column(
     import pyarrow as pa
 
     from statekeep.memory.lancedb import LanceDBMemoryStore
-    from statekeep.memory.lancedb._layout import SENTENCES, arrow_rows, schema
-    from statekeep.memory.lancedb._rewrites import TABLE
+    from statekeep.memory.lancedb._layout import SENTENCES, TABLE, arrow_rows, schema
 
     with LanceDBMemoryStore(tmp_path / "scratch", real_embedder) as scratch:
         memory = scratch.remember("alice", SHORT)

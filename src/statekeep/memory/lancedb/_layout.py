@@ -45,6 +45,8 @@ from statekeep.memory._types import Memory
 from statekeep.memory.embedders import Vectors
 from statekeep.memory.recall._sentences import Parts
 
+#: The memories table of the folder.
+TABLE = "memories"
 #: The most rows a data file holds after ``optimize``.
 FRAGMENT_ROWS = 512
 #: The most data files an owner index segment covers.

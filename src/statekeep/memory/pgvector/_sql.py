@@ -63,7 +63,7 @@ INSERT_UNLESS_SAME = (
 LOCK_IDENTITIES = "SELECT pg_advisory_xact_lock(k) FROM unnest(CAST(:keys AS bigint[])) AS k"
 #: The write order of memories just inserted.
 SEQS = f"SELECT id, seq FROM {TABLE} WHERE owner = :owner AND id = ANY(:ids)"
-#: The transactions of ``PgVectorMemoryStore._run``, as ``Database.read`` and ``begin`` open them.
+#: The transactions of ``Pipeline.run`` (:mod:`._pipeline`), as ``Database.read`` and ``begin`` open them.
 BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 #: Each statement of a write sees what was committed before it began (INSERT_UNLESS_SAME relies on it).
 BEGIN_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"

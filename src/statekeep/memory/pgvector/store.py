@@ -21,13 +21,13 @@
 from __future__ import annotations
 
 import functools
-import weakref
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 import numpy as np
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -44,7 +44,7 @@ from statekeep.memory._rows import from_row, to_row, to_us
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.base import MemoryStore
 from statekeep.memory.embedders import Embedder, Vectors
-from statekeep.memory.pgvector._pipeline import Pipelined, Statement
+from statekeep.memory.pgvector._pipeline import Pipeline, Statement
 from statekeep.memory.recall._irregular import base_forms
 from statekeep.memory.recall._ranking import rank_key, top_k
 from statekeep.memory.recall._sentences import Parts
@@ -57,7 +57,7 @@ NOT_REACHED = (
 _UNSPLIT = "model = :m AND sentences IS NULL AND char_length(content) <= :n"
 
 
-class PgVectorMemoryStore(Pipelined, MemoryStore):
+class PgVectorMemoryStore(MemoryStore):
     """Memories in PostgreSQL with pgvector; the production backend for many workers.
 
     Examples:
@@ -92,8 +92,7 @@ class PgVectorMemoryStore(Pipelined, MemoryStore):
             raise ConfigError(
                 self.db.setting, str(self.db.url), "pgvector memory needs a PostgreSQL database"
             )
-        self.ef_search = int(ef_search)
-        self.exact_below = int(exact_below)
+        self._pipe = Pipeline(self.db, int(ef_search), int(exact_below))
         try:
             # a worker role may lack CREATE: it only needs the schema to be current already
             if current_version(self.db, "memory", q.SCHEMA) != len(q.MIGRATIONS):
@@ -103,10 +102,39 @@ class PgVectorMemoryStore(Pipelined, MemoryStore):
                 exc, "setting up the memory tables (is the vector extension installed?)"
             ) from exc
         self._indexed: set[tuple[str, int]] = set()
-        self._vector_type = None
-        self._binary = weakref.WeakSet()
-        self._big = {}
         self._ensure_index(self.embedder.name, self.embedder.dimension)
+
+    @property
+    def ef_search(self) -> int:
+        """HNSW candidate list size of a search."""
+        return self._pipe.ef_search
+
+    @ef_search.setter
+    def ef_search(self, value: int) -> None:
+        self._pipe.ef_search = check_int(value, "ef_search", minimum=1, maximum=1_000)
+
+    @property
+    def exact_below(self) -> int:
+        """An owner with fewer memories is searched exactly; a bigger one through the HNSW index."""
+        return self._pipe.exact_below
+
+    @exact_below.setter
+    def exact_below(self, value: int) -> None:
+        self._pipe.exact_below = check_int(value, "exact_below")
+
+    def _run(
+        self, owner: str, statements: list[Statement], *, write: bool, search: bool = False
+    ) -> list[list[dict[str, Any]]]:
+        """The statements' rows, run in one transaction scoped to ``owner`` (:meth:`Pipeline.run`)."""
+        return self._pipe.run(owner, statements, write=write, search=search)
+
+    def _driver(self, conn: Connection) -> psycopg.Connection[Any]:
+        """The psycopg connection under ``conn``, sending vectors in binary (:meth:`Pipeline.driver`)."""
+        return self._pipe.driver(conn)
+
+    def _is_big(self, owner: str) -> bool:
+        """Whether the owner is searched through the HNSW index (:meth:`Pipeline.is_big`)."""
+        return self._pipe.is_big(owner)
 
     def _ensure_index(self, model: str, dimension: int) -> None:
         if (model, dimension) in self._indexed:
@@ -318,7 +346,7 @@ class PgVectorMemoryStore(Pipelined, MemoryStore):
 
     def _erase(self, owner: str, ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
         only = "" if ids is None else "AND id = ANY(:ids)"
-        with self._scoped(owner) as conn:
+        with self._pipe.scoped(owner) as conn:
             partition = q.partition_of(conn, owner)
             deleted = conn.execute(
                 sa.text(f"DELETE FROM {q.TABLE} WHERE owner = :owner {only} RETURNING id"),
@@ -329,7 +357,7 @@ class PgVectorMemoryStore(Pipelined, MemoryStore):
             mark = conn.exec_driver_sql(MARK).scalar_one()
         words = q.words_partition(partition)
         rewrite(self.db, [partition, words], mark=mark, owner=owner)
-        self._big.pop(owner, None)
+        self._pipe.forget_size(owner)
         locations = [
             f"{partition}: heap, TOAST and every index rewritten (VACUUM FULL)",
             f"{words}: the owner's count of memories per word, rewritten the same way",
@@ -361,7 +389,7 @@ class PgVectorMemoryStore(Pipelined, MemoryStore):
             self._vacuum([command])
         except sa.exc.SQLAlchemyError as exc:
             raise storage_error(exc, f"optimizing the memories ({command})") from exc
-        self._big.clear()
+        self._pipe.forget_size()
 
     def _recount(self) -> None:
         """Count every owner's words again from the memories, as the tables' owner (a confined role sees
