@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from statekeep.errors import InvalidInputError
-from statekeep.memory import Memory, Provenance, SearchResult
+from statekeep.memory import FakeEmbedder, InMemoryMemoryStore, Memory, Provenance, SearchResult
 from statekeep.memory.recall._ranking import STAGES, Fusion, fuse_scores
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -82,3 +82,43 @@ def test_leaving_a_stage_out_by_name_ranks_as_its_knob_at_rest(stage: str) -> No
     assert left_out == at_rest
     default = fuse_scores(vector, text, 5, Fusion(), window=WINDOW, **args)
     assert [(h.memory.id, h.score) for h in left_out] != [(h.memory.id, h.score) for h in default]
+
+
+def test_a_store_leaves_a_stage_out_by_name_as_it_does_with_the_knob_at_rest() -> None:
+    """Left out by name, ``time`` reads no period (one pair of rankings, no second search) and
+    ``opener`` asks the backend for no opener, as with their weights at 0; the results are equal."""
+    now = [NOW - timedelta(days=40)]
+    store = InMemoryMemoryStore(FakeEmbedder(), clock=lambda: now[0])
+    for day in (28, 29, 35, 40):
+        now[0] = NOW - timedelta(days=day)
+        for n in range(2):
+            text = f"I bought bike {day}-{n}"
+            store.remember("u", text, provenance=Provenance("user_supplied", session_id=str(day)))
+    now[0] = NOW
+    calls: list[str] = []
+    hybrid, openers = store._hybrid, store._openers
+
+    def counted_hybrid(*args: Any) -> Any:
+        calls.append("hybrid")
+        return hybrid(*args)
+
+    def counted_openers(*args: Any) -> Any:
+        calls.append("openers")
+        return openers(*args)
+
+    store._hybrid = counted_hybrid  # type: ignore[method-assign,assignment]
+    store._openers = counted_openers  # type: ignore[method-assign,assignment]
+    query = "Which bike did I buy four weeks ago?"
+    for stage, knob in (("time", {"time_weight": 0.0}), ("opener", {"opener_weight": 0.0})):
+        results = []
+        for fusion in (Fusion(without=(stage,)), Fusion(**knob)):  # type: ignore[arg-type]
+            calls.clear()
+            store.fusion = fusion
+            results.append((store.search("u", query, k=8), list(calls)))
+        assert results[0] == results[1]
+        assert ("openers" in results[0][1]) == (stage != "opener")
+        assert results[0][1].count("hybrid") == (1 if stage == "time" else 2)
+    store.fusion = Fusion()
+    calls.clear()
+    store.search("u", query, k=8)
+    assert calls == ["hybrid", "hybrid", "openers"]
