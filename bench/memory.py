@@ -226,8 +226,8 @@ def pg_floor(store: MemoryStore, owner: str, owner_rows: int) -> Iterator[dict[s
     import psycopg
     from pgvector.psycopg import register_vector
 
-    from statekeep.memory import _pgsql as q
     from statekeep.memory._rows import to_us
+    from statekeep.memory.pgvector import _sql as q
 
     url = store.db.url  # type: ignore[attr-defined]
     conn = psycopg.connect(url.set(drivername="postgresql").render_as_string(False), autocommit=True)

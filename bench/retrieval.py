@@ -45,8 +45,8 @@ import numpy as np
 from bench import _datasets as data
 from bench.memory import fresh_postgres, postgres_admin
 from statekeep.memory import MemoryInput, MemoryStore, Provenance, SearchMode, SentenceTransformerEmbedder
-from statekeep.memory._ranking import fuse
 from statekeep.memory._types import Filters
+from statekeep.memory.recall._ranking import fuse
 
 KS = (1, 5, 10, 20)
 MODES = ("vector", "text", "hybrid", "rrf")

@@ -5,12 +5,12 @@
     PYTHONPATH=src python -m bench.sentences --small     # retrieval's --small owner (a test)
 
 A memory of two or more sentences and at most ``SENTENCE_CHARS`` characters keeps a
-vector per sentence (:mod:`statekeep.memory._sentences`), and hybrid search scores every
+vector per sentence (:mod:`statekeep.memory.recall._sentences`), and hybrid search scores every
 candidate of either ranking by its best cosine. This rebuilds LanceDB's hybrid search in
 process from statekeep's own parts (the same memories, exact duplicates standing for
 the first as ``dedupe="exact"`` does; unit vectors and exact cosine; BM25 over the
-owner's memories, :class:`statekeep.memory._bm25.TextIndex`; the store's fusion,
-:func:`statekeep.memory._ranking.fuse_scores`) and takes it apart. Its ``vector`` and
+owner's memories, :class:`statekeep.memory.recall._bm25.TextIndex`; the store's fusion,
+:func:`statekeep.memory.recall._ranking.fuse_scores`) and takes it apart. Its ``vector`` and
 ``hybrid`` rows must equal the store's in ``bench/results/retrieval.json``, overall and
 by category (checked when that file has the dataset; the test suite checks it on one
 owner). The other rows:
@@ -21,10 +21,14 @@ owner). The other rows:
   0.5), by its whole vector only: what the fusion adds without sentences (with the
   period a query names, as the store);
 * ``hybrid/no-time``: the store's search without the period a query names
-  (:mod:`statekeep.memory._when`; ``Fusion(time_weight=0)``);
+  (:mod:`statekeep.memory.recall._when`; ``Fusion(time_weight=0)``);
 * ``hybrid/no-opener``: the store's search without the lift of the memory that opens its
   session (``Fusion(opener_weight=0)``);
 * ``hybrid/all-sentences``: sentences for memories of any length (the write costs more);
+* with ``--stages``, ``hybrid/without-<stage>`` for each stage of hybrid search in order
+  (:data:`statekeep.memory.recall._ranking.STAGES`: ``bm25``, ``speaker``, ``opener``,
+  ``context``, ``length``, ``time``): the store's search with that one stage left out
+  (``Fusion(without=(stage,))``);
 * ``sentences``: plain dense search by the best cosine, for comparison with ``vector``.
 
 Write cost: the time to embed a batch of memories with the sentences the store keeps
@@ -49,22 +53,25 @@ import numpy as np
 
 from bench import _datasets as data
 from bench.retrieval import KS, RESULTS, by_category, content, recall, summarize
-from statekeep.memory import Memory, Provenance, SearchResult, SentenceTransformerEmbedder, _bm25, _when
-from statekeep.memory._bm25 import TextIndex
+from statekeep.memory import Memory, Provenance, SearchResult, SentenceTransformerEmbedder
 from statekeep.memory._dedupe import identity
-from statekeep.memory._exact import nearest
-from statekeep.memory._ranking import Fusion, fuse_scores, openers_among
-from statekeep.memory._sentences import SENTENCE_CHARS, sentences
 from statekeep.memory.embedders import normalize
+from statekeep.memory.recall import _bm25, _when
+from statekeep.memory.recall._bm25 import TextIndex
+from statekeep.memory.recall._exact import nearest
+from statekeep.memory.recall._ranking import STAGES, Fusion, fuse_scores, openers_among
+from statekeep.memory.recall._sentences import SENTENCE_CHARS, sentences
 
 OUT = Path(__file__).parent / "results" / "sentences.json"
 #: The fusion before sentence vectors (its vector weight), before periods named by the query and
 #: before the agent's words were weighed down (with the neighbour share of then).
 BEFORE = Fusion(vector_weight=0.3, time_weight=0, context_weight=0.4, assistant_weight=1, opener_weight=0)
 #: The store's fusion without the period a query names.
-NO_TIME = Fusion(time_weight=0)
+NO_TIME = Fusion(without=("time",))
 #: The store's fusion without the lift of a session's first memory.
-NO_OPENER = Fusion(opener_weight=0)
+NO_OPENER = Fusion(without=("opener",))
+#: With ``--stages``: the store's fusion less one stage of hybrid search, for each stage by name.
+STAGE_MODES = {f"hybrid/without-{name}": Fusion(without=(name,)) for name in STAGES}
 MODES = (
     "vector",
     "sentences",
@@ -124,10 +131,13 @@ def load_owner(turns: list[data.Turn], embedder: Any) -> Owner:
     )
 
 
-def ranked(o: Owner, query: str, vector: np.ndarray, k: int, now: datetime) -> dict[str, list[str]]:
+def ranked(
+    o: Owner, query: str, vector: np.ndarray, k: int, now: datetime, *, stages: bool = False
+) -> dict[str, list[str]]:
     """The ids each mode returns, best first: each ranking and cosine computed once for all modes.
 
-    ``now``: the question's time, at which the period it names is resolved (:mod:`._when`).
+    ``now``: the question's time, at which the period it names is resolved (:mod:`._when`);
+    ``stages``: the modes of :data:`STAGE_MODES` too.
     """
     whole = o.matrix @ vector
     cosines = {
@@ -135,7 +145,6 @@ def ranked(o: Owner, query: str, vector: np.ndarray, k: int, now: datetime) -> d
         "hybrid": best_cosine(o, whole, vector, short=True),
         "hybrid/all-sentences": best_cosine(o, whole, vector, short=False),
     }
-    cosines["hybrid/no-time"] = cosines["hybrid/no-opener"] = cosines["hybrid"]
     out = {"vector": [h.memory.id for h in nearest(o.memories, o.matrix, vector, k)]}  # as the store
     out["sentences"] = [o.memories[int(i)].id for i in np.argsort(-cosines["hybrid"], kind="stable")[:k]]
     pool = max(k, Fusion().pool)  # as the store's hybrid search
@@ -155,9 +164,15 @@ def ranked(o: Owner, query: str, vector: np.ndarray, k: int, now: datetime) -> d
                 *_bm25.ranked(o.words, o.memories, query, during, pool),
             )
             timed |= {h.memory.id for h in more}
-    for mode, cosine in cosines.items():  # every candidate of either ranking, by its cosine
-        untimed = mode == "hybrid/no-time"
-        fusion = NO_TIME if untimed else NO_OPENER if mode == "hybrid/no-opener" else Fusion()
+    fusions = {mode: Fusion() for mode in cosines} | {
+        "hybrid/no-time": NO_TIME,
+        "hybrid/no-opener": NO_OPENER,
+    }
+    if stages:
+        fusions |= STAGE_MODES
+    for mode, fusion in fusions.items():  # every candidate of either ranking, by its cosine
+        cosine = cosines.get(mode, cosines["hybrid"])
+        untimed = "time" not in fusion.stages or fusion.time_weight == 0  # as the store reads no period
         ids = candidates if untimed else timed
         scored = [SearchResult(m, float(cosine[i])) for i, m in enumerate(o.memories) if m.id in ids]
         hits = fuse_scores(scored, text, k, fusion, None if untimed else period, query, o.openers)
@@ -175,7 +190,7 @@ def best_cosine(o: Owner, whole: np.ndarray, vector: np.ndarray, *, short: bool)
 
 
 def evaluate(
-    ds: data.Dataset, owners: set[str], embedder: Any, qvecs: dict[str, np.ndarray]
+    ds: data.Dataset, owners: set[str], embedder: Any, qvecs: dict[str, np.ndarray], modes: tuple[str, ...]
 ) -> dict[str, Any]:
     rows: dict[str, list[tuple[str, dict[int, float]]]] = defaultdict(list)
     for name in sorted(owners):
@@ -183,9 +198,10 @@ def evaluate(
         embedder.save()
         for q in (q for q in ds.questions if q.owner == name):
             gold = {o.memories[o.stands_for[g]].id for g in q.gold}
-            for mode, found in ranked(o, q.text, qvecs[q.id], max(KS), q.at).items():
+            found_by = ranked(o, q.text, qvecs[q.id], max(KS), q.at, stages=len(modes) > len(MODES))
+            for mode, found in found_by.items():
                 rows[mode].append((q.category, recall(found, gold)))
-    return {mode: summarize(rows[mode]) for mode in MODES}
+    return {mode: summarize(rows[mode]) for mode in modes}
 
 
 def write_cost(ds: data.Dataset, real: Any, n: int = 300, rounds: int = 3) -> dict[str, Any]:
@@ -218,7 +234,9 @@ def write_cost(ds: data.Dataset, real: Any, n: int = 300, rounds: int = 3) -> di
     }
 
 
-def run(datasets: list[str], *, small: bool = False) -> dict[str, Any]:
+def run(datasets: list[str], *, small: bool = False, stages: bool = False) -> dict[str, Any]:
+    """The ablation on ``datasets``; ``stages``: each stage of hybrid search left out too."""
+    modes = (*MODES, *STAGE_MODES) if stages else MODES
     real = SentenceTransformerEmbedder()
     embedder = data.CachedEmbedder(real, "turns")  # the sentences too: one cache of stored texts
     qembedder = data.CachedEmbedder(real, "questions")
@@ -240,9 +258,9 @@ def run(datasets: list[str], *, small: bool = False) -> dict[str, Any]:
         for part, owners in (("dev", dev), ("held_out", held_out)):
             if not owners:
                 continue
-            per[part] = evaluate(ds, owners, embedder, qvecs)
+            per[part] = evaluate(ds, owners, embedder, qvecs, modes)
             print(
-                f"{name} {part}: " + "  ".join(f"{m} {per[part][m]['all']['10']:.3f}" for m in MODES),
+                f"{name} {part}: " + "  ".join(f"{m} {per[part][m]['all']['10']:.3f}" for m in modes),
                 flush=True,
             )
             store = stored.get(name, {}).get("lancedb", {}).get(part, {})
@@ -264,11 +282,12 @@ def report(results: dict[str, Any]) -> str:
             res = per[part]
             lines.append(f"\n{name}, {part} ({res['vector']['n']} questions): recall@1/5/10/20, @10 vs dense")
             lines.append("| mode | @1 | @5 | @10 | @20 | @10 vs dense |\n|---|---|---|---|---|---|")
-            for m in MODES:
+            modes = [m for m in (*MODES, *STAGE_MODES) if m in res]
+            for m in modes:
                 r = res[m]["all"]
                 g = r["10"] / res["vector"]["all"]["10"] - 1
                 lines.append(f"| {m} | " + " | ".join(f"{r[str(k)]:.3f}" for k in KS) + f" | {g:+.1%} |")
-            lines.extend(by_category(res, MODES))
+            lines.extend(by_category(res, modes))
         lines.append(f"write cost: {per['write_cost']}")
     return "\n".join(lines)
 
@@ -278,12 +297,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--datasets", nargs="+", choices=sorted(data.LOADERS))
     parser.add_argument("--small", action="store_true", help="the smallest held-out owner of each dataset")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--stages", action="store_true", help="also each stage of hybrid search left out, by name"
+    )
     args = parser.parse_args(argv)
     default = not (args.datasets or args.small)
     try:
         small = args.small
         datasets = args.datasets or (["locomo"] if small else sorted(data.LOADERS))
-        results = run(datasets, small=small)
+        results = run(datasets, small=small, stages=args.stages)
     except data.Unreachable as exc:
         print(f"SKIP: {exc}", file=sys.stderr)
         return 3

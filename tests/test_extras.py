@@ -51,7 +51,7 @@ def test_lancedb_without_the_stemmer(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_the_folder_lock_without_filelock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The writer lock comes with the lancedb extra."""
-    from statekeep.memory._lock import FolderLock
+    from statekeep.memory.lancedb._lock import FolderLock
 
     _missing(monkeypatch, "filelock")
     with pytest.raises(MissingExtraError, match=r"statekeep\[lancedb\]"):

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from statekeep.memory import _bm25
-from statekeep.memory._bm25 import K1, B, TextIndex, _stemmer, ranked, words
+from statekeep.memory.recall import _bm25
+from statekeep.memory.recall._bm25 import K1, B, TextIndex, _stemmer, ranked, words
 
 from .test_fusion import memory
 
@@ -87,7 +87,7 @@ def test_the_words_seen_are_memoised_by_their_index_alone() -> None:
 
 
 def test_irregular_forms_are_words_of_their_base_form() -> None:
-    from statekeep.memory._irregular import base_forms
+    from statekeep.memory.recall._irregular import base_forms
 
     assert words("I went and bought two knives; the children ran") == words(
         "I go and buy two knife; the child run"
@@ -106,7 +106,7 @@ def test_the_table_of_irregular_forms_is_the_one_memory_migration_7_created() ->
     import hashlib
     import json
 
-    from statekeep.memory._irregular import BASE
+    from statekeep.memory.recall._irregular import BASE
 
     digest = hashlib.sha256(json.dumps(sorted(BASE.items())).encode()).hexdigest()
     assert digest == "6f30dfad8ddf2b82906b6b2a93be298ab6a711fcdd6d29ff05b7791c14c8106d", (

@@ -10,7 +10,7 @@ import pytest
 
 from statekeep.errors import InvalidInputError
 from statekeep.memory import Memory, MemoryInput, Provenance, SearchResult
-from statekeep.memory._ranking import LENGTH_PIVOT, Fusion, fuse_scores, length_penalty
+from statekeep.memory.recall._ranking import LENGTH_PIVOT, Fusion, fuse_scores, length_penalty
 
 from .conftest import StoreFactory
 

@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 
 from statekeep.errors import ConfigError, MemoryLockedError
 from statekeep.memory import FakeEmbedder, Memory, Provenance, SearchMode, SentenceTransformerEmbedder
-from statekeep.memory._owner_cache import OWNER_BYTES, OwnerCache, held_rows
-from statekeep.memory.lancedb import LanceDBMemoryStore, decode_folder, quote
+from statekeep.memory.lancedb import LanceDBMemoryStore
+from statekeep.memory.lancedb._files import decode_folder
+from statekeep.memory.lancedb._owner_cache import OWNER_BYTES, OwnerCache, held_rows
+from statekeep.memory.lancedb._sql import quote
 
 
 def files_with(folder: Path, marker: str) -> list[str]:
@@ -217,8 +219,7 @@ def test_a_folder_of_an_earlier_version_is_upgraded_with_identities_and_write_or
     import lancedb
     import pyarrow as pa
 
-    from statekeep.memory._lance_layout import schema
-    from statekeep.memory.lancedb import TABLE
+    from statekeep.memory.lancedb._layout import TABLE, schema
 
     new = ("key", "dedupe_key", "duplicate_score", "seq", "sentences")
     old_schema = pa.schema([f for f in schema(16) if f.name not in new])
@@ -276,7 +277,7 @@ def test_a_writer_drops_the_full_text_index_of_an_earlier_version_and_forget_lea
     """A table an earlier statekeep gave a full-text index (content_idx) is read as it is by a read-only
     store; a writer drops the index and its files on open, so no stale segment of it keeps an erased
     owner's words (erasure rebuilds no segment of it), and the table stays laid out."""
-    from statekeep.memory import _lance_layout
+    from statekeep.memory.lancedb import _layout as _lance_layout
 
     folder = tmp_path / "memory"
     with LanceDBMemoryStore(folder, FakeEmbedder()) as store:

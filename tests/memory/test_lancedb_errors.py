@@ -16,8 +16,8 @@ import pytest
 
 from statekeep.errors import InvalidInputError, MemoryNotFoundError, StorageError
 from statekeep.memory import FakeEmbedder
-from statekeep.memory._lock import LOCK_FILE, RETRY_SECONDS
 from statekeep.memory.lancedb import LanceDBMemoryStore
+from statekeep.memory.lancedb._lock import LOCK_FILE, RETRY_SECONDS
 
 pytest.importorskip("lancedb")
 
@@ -111,7 +111,7 @@ def test_a_read_only_store_whose_reads_keep_failing_tries_again_then_raises_stor
 ) -> None:
     folder = tmp_path / "m"
     reader = read_only(folder)
-    monkeypatch.setattr("statekeep.memory._lock.RETRY_SECONDS", (0.0,) * len(RETRY_SECONDS))
+    monkeypatch.setattr("statekeep.memory.lancedb._lock.RETRY_SECONDS", (0.0,) * len(RETRY_SECONDS))
     tries: list[str] = []
 
     def failing(self: LanceDBMemoryStore, clause: str, columns: list[str] | None = None) -> Any:

@@ -9,8 +9,8 @@ import pytest
 
 from statekeep.errors import InvalidInputError
 from statekeep.memory import FakeEmbedder, SentenceTransformerEmbedder
-from statekeep.memory._lance_layout import FRAGMENT_ROWS, SEGMENT_FILES, SMALL_ROWS, SMALL_SEGMENTS
 from statekeep.memory.lancedb import LanceDBMemoryStore
+from statekeep.memory.lancedb._layout import FRAGMENT_ROWS, SEGMENT_FILES, SMALL_ROWS, SMALL_SEGMENTS
 from tests.memory.test_lancedb import _digests, files_with
 
 

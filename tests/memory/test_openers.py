@@ -22,7 +22,7 @@ from statekeep.memory import (
     Provenance,
     SearchResult,
 )
-from statekeep.memory._ranking import OPENER_WEIGHT, Fusion, fuse_scores, openers_among
+from statekeep.memory.recall._ranking import OPENER_WEIGHT, Fusion, fuse_scores, openers_among
 
 from .conftest import Clock, StoreFactory
 from .test_pgvector import libpq
@@ -173,7 +173,7 @@ def test_a_postgres_store_of_schema_7_tells_openers_after_the_upgrade(
     import psycopg
 
     from statekeep.db import Database, upgrade
-    from statekeep.memory import _pgsql as q
+    from statekeep.memory.pgvector import _sql as q
 
     db = Database(postgres_url)
     upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:7])

@@ -17,8 +17,8 @@ import pytest
 
 from statekeep.db import Database, upgrade
 from statekeep.memory import FakeEmbedder
-from statekeep.memory import _pgsql as q
 from statekeep.memory.pgvector import PgVectorMemoryStore
+from statekeep.memory.pgvector import _sql as q
 from tests.memory.conftest import Clock
 from tests.memory.test_pgvector import libpq
 
@@ -284,7 +284,7 @@ def test_migration_5_counts_what_a_writer_in_flight_commits(postgres_url: str) -
 
 def test_postgres_reads_every_irregular_form_as_its_base(postgres_url: str) -> None:
     """The database's copy of the table (``irregular_bases``) is the Python one, form by form."""
-    from statekeep.memory._irregular import BASE
+    from statekeep.memory.recall._irregular import BASE
 
     PgVectorMemoryStore(postgres_url, FakeEmbedder()).close()
     with psycopg.connect(libpq(postgres_url)) as conn:

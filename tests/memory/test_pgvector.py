@@ -232,7 +232,7 @@ def test_a_search_is_one_round_trip_with_its_owner_and_settings_and_binary_vecto
     """
     from sqlalchemy import event
 
-    from statekeep.memory._pg_pipeline import Statement as _Statement
+    from statekeep.memory.pgvector._pipeline import Statement as _Statement
 
     store = PgVectorMemoryStore(postgres_url, FakeEmbedder())
     store.remember_many("alice", [f"alice fact {i} tea" for i in range(5)])
@@ -339,7 +339,7 @@ def test_a_store_of_the_first_schema_is_upgraded_with_identities_and_write_order
     import sqlalchemy as sa
 
     from statekeep.db import upgrade
-    from statekeep.memory import _pgsql as q
+    from statekeep.memory.pgvector import _sql as q
 
     db = Database(postgres_url)
     upgrade(db, "memory", q.SCHEMA, q.MIGRATIONS[:1])
@@ -369,7 +369,7 @@ def test_a_store_of_the_first_schema_is_upgraded_with_identities_and_write_order
 
 def test_every_partitions_full_text_index_keeps_a_short_pending_list(postgres_url: str) -> None:
     """A search counts each query word through the text index, so its pending list stays short."""
-    from statekeep.memory import _pgsql as q
+    from statekeep.memory.pgvector import _sql as q
 
     PgVectorMemoryStore(postgres_url, FakeEmbedder()).close()
     with psycopg.connect(libpq(postgres_url)) as conn:

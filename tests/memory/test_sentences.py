@@ -18,15 +18,15 @@ import pytest
 
 from statekeep.errors import InvalidInputError
 from statekeep.memory import MemoryStore, SentenceTransformerEmbedder
-from statekeep.memory._sentences import (
+from statekeep.memory._types import Filters, Memory
+from statekeep.memory.embedders import normalize
+from statekeep.memory.recall._sentences import (
     MAX_SENTENCES,
     SENTENCE_CHARS,
     best_cosines,
     embed_with_sentences,
     sentences,
 )
-from statekeep.memory._types import Filters, Memory
-from statekeep.memory.embedders import normalize
 from tests.memory.conftest import StoreFactory
 
 SHORT = (
@@ -352,8 +352,8 @@ def test_a_lancedb_folder_of_the_previous_version_gains_the_sentence_column(
     import lancedb
     import pyarrow as pa
 
-    from statekeep.memory._lance_layout import SENTENCES, arrow_rows, schema
-    from statekeep.memory.lancedb import TABLE, LanceDBMemoryStore
+    from statekeep.memory.lancedb import LanceDBMemoryStore
+    from statekeep.memory.lancedb._layout import SENTENCES, TABLE, arrow_rows, schema
 
     with LanceDBMemoryStore(tmp_path / "scratch", real_embedder) as scratch:
         memory = scratch.remember("alice", SHORT)
@@ -384,9 +384,9 @@ def test_a_postgres_store_of_schema_5_gains_the_sentence_column(postgres_url: st
 
     from statekeep.db import Database, upgrade
     from statekeep.memory import FakeEmbedder
-    from statekeep.memory import _pgsql as q
     from statekeep.memory._dedupe import identity
     from statekeep.memory.pgvector import PgVectorMemoryStore
+    from statekeep.memory.pgvector import _sql as q
     from tests.memory.test_pgvector import libpq
 
     db = Database(postgres_url)
@@ -437,8 +437,8 @@ def test_a_few_memories_are_embedded_a_few_texts_a_call_however_many_sentences()
     """One ``remember`` of a memory of 12 sentences makes calls of at most FEW texts (the default
     embedder runs them in numpy, without loading torch), with the same vectors as one call."""
     from statekeep.memory import FakeEmbedder
-    from statekeep.memory._sentences import embed_with_sentences
     from statekeep.memory.embedders import FEW
+    from statekeep.memory.recall._sentences import embed_with_sentences
 
     embedder = FakeEmbedder()
     calls: list[int] = []

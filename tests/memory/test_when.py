@@ -10,9 +10,9 @@ import pytest
 
 from statekeep.errors import InvalidInputError
 from statekeep.memory import Embedder, MemoryInput, MemoryStore, Provenance
-from statekeep.memory._ranking import Fusion
 from statekeep.memory._types import Filters
-from statekeep.memory._when import window
+from statekeep.memory.recall._ranking import Fusion
+from statekeep.memory.recall._when import window
 
 from .conftest import Clock, StoreFactory
 

@@ -20,7 +20,7 @@ from statekeep.config import Settings
 from statekeep.context import SQLContextStore
 from statekeep.errors import LiveRunsError, SealedDataError
 from statekeep.memory import FakeEmbedder
-from statekeep.memory.lancedb import decode_folder
+from statekeep.memory.lancedb._files import decode_folder
 from statekeep.models import ScriptedModel
 from statekeep.runtime import Runtime
 from tests.privacy.conftest import AGENT, Person, populate, script

@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from statekeep.memory import FakeEmbedder
-from statekeep.memory import _pgsql as q
 from statekeep.memory.pgvector import PgVectorMemoryStore
+from statekeep.memory.pgvector import _sql as q
 
 
 def _libpq(url: str) -> str:

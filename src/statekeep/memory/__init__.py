@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from statekeep._extras import requires
 from statekeep.errors import InvalidInputError
-from statekeep.memory._ranking import Fusion
 from statekeep.memory._types import (
     DEFAULT_TRUST,
     Filters,
@@ -31,9 +30,11 @@ from statekeep.memory._types import (
     SourceKind,
 )
 from statekeep.memory.prompt import render_memories
+from statekeep.memory.recall._ranking import Fusion
 
 # Every backend and embedder computes with numpy; LanceDB, the default backend, names the extra.
 with requires("lancedb", "long-term memory"):
+    from statekeep.memory._backend import Capability
     from statekeep.memory.base import MemoryStore
     from statekeep.memory.embedders import Embedder, FakeEmbedder, SentenceTransformerEmbedder
     from statekeep.memory.inmemory import InMemoryMemoryStore
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_TRUST",
+    "Capability",
     "Embedder",
     "FakeEmbedder",
     "Filters",

@@ -9,17 +9,70 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from datetime import datetime
+from enum import StrEnum
+from typing import ClassVar
 
 import numpy as np
 
-from statekeep.memory._ranking import openers_of
-from statekeep.memory._sentences import Parts, best_cosines
 from statekeep.memory._types import Filters, Memory, SearchResult
 from statekeep.memory.embedders import Vectors
+from statekeep.memory.recall._ranking import openers_of
+from statekeep.memory.recall._sentences import Parts, best_cosines
+
+
+class Capability(StrEnum):
+    """An optional part of the memory contract: a backend that implements it declares it in
+    ``capabilities``; one that does not, says so by leaving it out, and gets the base's fallback.
+
+    The conformance suite (:class:`~statekeep.testing.MemoryStoreSuite`) checks that a backend
+    declares exactly the capabilities whose primitives (:data:`PRIMITIVES`) it implements.
+    """
+
+    #: ``_cosines`` or ``_vectors_of``: hybrid search scores every candidate of either ranking by its
+    #: best cosine (without: the nearest by their whole vector only; full-text finds score 0 there).
+    CANDIDATE_COSINES = "candidate_cosines"
+    #: ``_count_unsplit``, ``_unsplit``, ``_set_sentences``: ``embed_sentences`` gives stored memories
+    #: their sentence vectors (without: it embeds none and returns 0).
+    SENTENCE_VECTORS = "sentence_vectors"
+    #: ``_first_writes``: hybrid search tells the memories that open their session and lifts them
+    #: (without: none is lifted).
+    OPENERS = "openers"
+    #: ``_hybrid``: both rankings of a hybrid search at once (without: one call for each).
+    ONE_PASS_HYBRID = "one_pass_hybrid"
+    #: ``_nearest_each``: the nearest memory of many vectors in one call (without: one search each).
+    BATCHED_NEAREST = "batched_nearest"
+    #: ``_insert_unless_same``: writers of one fact in many processes are settled by the database
+    #: (without: one writing process; its threads take turns under ``_writing``).
+    ATOMIC_DEDUPE = "atomic_dedupe"
+    #: ``_insert_superseding``: the new memory and the old one's mark in one transaction (without:
+    #: checked, inserted and marked under ``_writing``).
+    ATOMIC_SUPERSEDE = "atomic_supersede"
+    #: ``_optimize``: ``optimize()`` has upkeep to do (without: nothing).
+    OPTIMIZE = "optimize"
+
+
+#: The primitives that implement each capability: a backend declaring one overrides at least one of them.
+PRIMITIVES: dict[Capability, tuple[str, ...]] = {
+    Capability.CANDIDATE_COSINES: ("_cosines", "_vectors_of"),
+    Capability.SENTENCE_VECTORS: ("_count_unsplit", "_unsplit", "_set_sentences"),
+    Capability.OPENERS: ("_first_writes",),
+    Capability.ONE_PASS_HYBRID: ("_hybrid",),
+    Capability.BATCHED_NEAREST: ("_nearest_each",),
+    Capability.ATOMIC_DEDUPE: ("_insert_unless_same",),
+    Capability.ATOMIC_SUPERSEDE: ("_insert_superseding",),
+    Capability.OPTIMIZE: ("_optimize",),
+}
 
 
 class MemoryBackend(ABC):
-    """What a backend provides: storage and the two rankings (vector, full text) of one owner."""
+    """What a backend provides: storage and the two rankings (vector, full text) of one owner.
+
+    Its optional primitives are grouped in :class:`Capability`; ``capabilities`` declares the ones
+    the backend implements.
+    """
+
+    #: The optional capabilities this backend implements (:class:`Capability`).
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
 
     @abstractmethod
     def _insert(self, memories: list[Memory], vectors: Vectors, parts: Parts | None = None) -> list[Memory]:
@@ -88,6 +141,8 @@ class MemoryBackend(ABC):
         """The ids of those of ``memories`` that open their session: no memory of ``owner`` stored with
         the same ``provenance.session_id`` (current or not) was written before it (a lower ``seq``).
         A memory of no session opens none."""
+        if Capability.OPENERS not in self.capabilities:
+            return set()
         sessions = sorted({m.provenance.session_id for m in memories if m.provenance.session_id is not None})
         return openers_of(memories, self._first_writes(owner, sessions)) if sessions else set()
 

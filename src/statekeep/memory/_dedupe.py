@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from statekeep.errors import InvalidInputError
-from statekeep.memory._sentences import Parts
 from statekeep.memory._types import DEDUPE_MODES, Dedupe, DedupeMode, Memory, SearchResult
 from statekeep.memory.embedders import Vectors
+from statekeep.memory.recall._sentences import Parts
 
 
 def normalize(text: str) -> str:

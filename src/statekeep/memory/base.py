@@ -3,14 +3,17 @@
 A backend implements the primitives of :class:`~statekeep.memory._backend.MemoryBackend`
 (``_insert``, ``_same``, ``_nearest``, ``_text``, ``_get``, ``_list``,
 ``_mark_superseded``, ``_erase``, ``_purge``, ``_stale``, ``_set_vectors``);
-validation, embedding and deduplication (:mod:`._dedupe`) live here, once; reading
-(search, fusion and ranking, export) in :mod:`._reading` and :mod:`._ranking`, erasing and
-re-embedding in :mod:`._upkeep`.
+validation, embedding and deduplication (:mod:`._dedupe`), reading (search, export),
+erasing and re-embedding live here, once, in one class; how hybrid search ranks is
+:mod:`statekeep.memory.recall` (its stages: :data:`~statekeep.memory.recall._ranking.STAGES`),
+and the optional primitives a backend implements are its declared
+:class:`~statekeep.memory._backend.Capability` set.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -21,39 +24,42 @@ from typing import Any, ClassVar
 import numpy as np
 
 from statekeep import _check, tracing
-from statekeep.errors import ConflictError, InvalidInputError
+from statekeep.errors import ConflictError, InvalidInputError, MemoryNotFoundError
 from statekeep.memory import _dedupe, _types
-from statekeep.memory._dedupe import DEFAULT_DUPLICATE_THRESHOLD, UNSET, merged, policy
-from statekeep.memory._ranking import RRF_K, Fusion, fuse, rank_key, top_k
-from statekeep.memory._reading import Reading
-from statekeep.memory._sentences import SENTENCE_CHARS, Parts, embed_with_sentences
+from statekeep.memory._backend import Capability, MemoryBackend
+from statekeep.memory._dedupe import UNSET, merged, policy
 from statekeep.memory._types import (
+    SEARCH_MODES,
     Dedupe,
     DedupeMode,
+    ForgetReceipt,
     Memory,
     MemoryInput,
     MemoryKind,
     Provenance,
+    SearchMode,
+    SearchResult,
+    SourceKind,
 )
-from statekeep.memory._upkeep import Upkeep
 from statekeep.memory.embedders import (
     Embedder,
     SentenceTransformerEmbedder,
     Vectors,
+    check_query_vector,
     check_vectors,
     is_embedder,
 )
+from statekeep.memory.recall._ranking import Fusion, fuse_scores
+from statekeep.memory.recall._sentences import (
+    SENTENCE_CHARS,
+    Parts,
+    embed_with_sentences,
+    sentence_vectors_of,
+)
+from statekeep.memory.recall._when import window
 
-__all__ = [  # the names other modules and older code import from here
-    "DEFAULT_DUPLICATE_THRESHOLD",
-    "RRF_K",
-    "UNSET",
-    "MemoryStore",
-    "fuse",
-    "new_id",
-    "rank_key",
-    "top_k",
-]
+#: ``progress(done, total)``, called after each batch of a re-embedding.
+Progress = Callable[[int, int], None]
 
 
 def new_id() -> str:
@@ -61,7 +67,7 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-class MemoryStore(Reading, Upkeep):
+class MemoryStore(MemoryBackend):
     """Long-term memories of owners, searchable by meaning, provably erasable.
 
     Every call names its owner, and no call reads, changes or deletes another
@@ -397,6 +403,301 @@ class MemoryStore(Reading, Upkeep):
             return [None] * len(vectors)
         stored = self._nearest_each(owner, vectors, self.now())
         return _dedupe.similar_links(vectors, ids, stored, self.duplicate_threshold)
+
+    # --- reading -----------------------------------------------------------------------
+
+    def search(
+        self,
+        owner: str,
+        query: str,
+        *,
+        k: int = 5,
+        mode: SearchMode = "hybrid",
+        kinds: Iterable[MemoryKind] | MemoryKind | None = None,
+        tags: Iterable[str] | str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        sources: Iterable[SourceKind] | SourceKind | None = None,
+        min_trust: float | None = None,
+        vector: Sequence[float] | None = None,
+        include_merged: bool = False,
+        sessions: Iterable[str] | str | None = None,
+    ) -> list[SearchResult]:
+        """The owner's ``k`` current memories most relevant to ``query``, best first.
+
+        ``mode="hybrid"`` (the default; ``bench/retrieval.py`` compares the modes)
+        fuses the vector ranking with the full-text ranking by their normalised
+        scores, lifts the memory that opens its session, lets neighbouring memories
+        of a session lend each other context and scores long memories down by their length (see
+        :mod:`statekeep.memory.recall._ranking`); ``"vector"`` ranks by meaning alone
+        (score = cosine), ``"text"`` by full-text relevance alone. Superseded
+        and expired memories are never returned; memories merged into another
+        (``dedupe="similar"``) only with ``include_merged=True``. A memory
+        embedded by another model than this store's is ranked by full text only,
+        until :meth:`reembed` embeds it again. ``sessions`` keeps the memories of those sessions
+        (``provenance.session_id``); the other filters are on kind, tags, creation
+        time, source and trust. Pass ``vector`` to reuse a query embedding already computed with this store's
+        embedder. Ties in score are broken by content, then write order, so the
+        same data and query give the same results on every run.
+
+        Examples:
+            >>> from statekeep.memory import FakeEmbedder, InMemoryMemoryStore
+            >>> store = InMemoryMemoryStore(FakeEmbedder())
+            >>> _ = store.remember("alice", "Alice drinks green tea", provenance=Provenance("user_supplied"))
+            >>> _ = store.remember("alice", "Alice may like coffee")  # agent_inferred: trust 0.4
+            >>> hits = store.search("alice", "what does Alice drink?", k=3, kinds="semantic", min_trust=0.5)
+            >>> [h.memory.content for h in hits]
+            ['Alice drinks green tea']
+
+        Raises:
+            InvalidInputError: an argument is invalid.
+        """
+        owner = _check.check_id(owner, "owner")
+        query = _check.check_text(query, "query", limit=_types.MAX_CONTENT)
+        k = _check.check_int(k, "k", minimum=1, maximum=_types.MAX_K)
+        if mode not in SEARCH_MODES:
+            raise InvalidInputError(f"must be one of {list(SEARCH_MODES)}", field="mode")
+        filters = _types.check_filters(
+            kinds, tags, since, until, sources, min_trust, include_merged, sessions
+        )
+        attributes = {
+            "statekeep.memory.backend": self.backend,
+            "statekeep.memory.k": k,
+            "statekeep.memory.mode": mode,
+        }
+        with tracing.span("memory.search", attributes) as span:
+            now = self.now()
+            if mode == "text":
+                hits = self._text(owner, query, k, filters, now)
+            elif mode == "vector":
+                hits = self._nearest(owner, self._query_vector(query, vector), k, filters, now)
+            else:
+                hits = self._hybrid_search(owner, query, self._query_vector(query, vector), k, filters, now)
+            span.set_attribute("statekeep.memory.results", len(hits))
+            return hits
+
+    def _hybrid_search(
+        self, owner: str, query: str, vec: Vectors, k: int, filters: _types.Filters, now: datetime
+    ) -> list[SearchResult]:
+        """Both rankings fused; when the query names a period (:mod:`._when`), the memories written
+        in it are candidates too (a second pair of rankings, narrowed to it), and scored up; the
+        candidates that open their session are lifted (:meth:`_openers`)."""
+        pool = max(k, self.fusion.pool)
+        near, text = self._hybrid(owner, vec, query, pool, filters, now)
+        timed = "time" in self.fusion.stages and self.fusion.time_weight > 0
+        period = window(query, now) if timed else None
+        if period is not None:
+            since = max(period[0], filters.since or period[0])
+            until = min(period[1], filters.until or period[1])
+            if since < until:
+                during = dataclasses.replace(filters, since=since, until=until)
+                more, _ = self._hybrid(owner, vec, query, pool, during, now)
+                seen = {h.memory.id for h in near}
+                near = [*near, *(h for h in more if h.memory.id not in seen)]
+        openers: set[str] = set()
+        if (
+            "opener" in self.fusion.stages
+            and self.fusion.opener_weight > 0
+            and Capability.OPENERS in self.capabilities
+        ):
+            openers = self._openers(owner, list({h.memory.id: h.memory for h in (*near, *text)}.values()))
+        return fuse_scores(near, text, k, self.fusion, period, query, openers)
+
+    def _query_vector(self, query: str, vector: Sequence[float] | None) -> Vectors:
+        if vector is None:
+            vec: Vectors = self._embed([query])[0]
+            return vec
+        return check_query_vector(self.embedder, vector)
+
+    def get(self, owner: str, memory_id: str) -> Memory:
+        """One of the owner's memories, current or not (expired ones are gone).
+
+        Raises:
+            MemoryNotFoundError: the owner has no such memory (another owner's id is not found either).
+        """
+        owner, memory_id = _check.check_id(owner, "owner"), _check.check_id(memory_id, "memory_id")
+        memory = self._get(owner, memory_id, self.now())
+        if memory is None:
+            raise MemoryNotFoundError(owner, memory_id)
+        return memory
+
+    def list_memories(self, owner: str) -> list[Memory]:
+        """Every unexpired memory of the owner, oldest first, superseded and merged ones included."""
+        return sorted(
+            self._list(_check.check_id(owner, "owner"), self.now()), key=lambda m: (m.created_at, m.seq)
+        )
+
+    def export(self, owner: str) -> str:
+        """All of the owner's memories as a JSON document (for a data-subject request or a backup).
+
+        Superseded and merged memories are included (``superseded_by``, ``duplicate_of``);
+        ``merged`` counts the memories merged into another.
+        """
+        memories = self.list_memories(owner)
+        doc = {
+            "owner": owner,
+            "exported_at": self.now().isoformat(),
+            "count": len(memories),
+            "merged": sum(m.duplicate_of is not None for m in memories),
+            "memories": [m.as_dict() for m in memories],
+        }
+        return json.dumps(doc, ensure_ascii=False, indent=2)
+
+    # --- erasing -------------------------------------------------------------------------
+
+    def forget(self, owner: str) -> ForgetReceipt:
+        """Erase every memory of ``owner`` from every file of the store and return a receipt.
+
+        Examples:
+            >>> from statekeep.memory import FakeEmbedder, InMemoryMemoryStore
+            >>> store = InMemoryMemoryStore(FakeEmbedder())
+            >>> _ = store.remember_many("alice", ["Alice drinks tea", "Alice has a dog"])
+            >>> receipt = store.forget("alice")
+            >>> receipt.removed, store.list_memories("alice")
+            (2, [])
+
+        Raises:
+            ErasureError: rows were deleted but a file could not be rewritten; call again.
+        """
+        return self._receipt(_check.check_id(owner, "owner"), None)
+
+    def forget_one(self, owner: str, memory_id: str) -> ForgetReceipt:
+        """Erase one memory of ``owner`` (physically, like :meth:`forget`).
+
+        Raises:
+            MemoryNotFoundError: the owner has no such memory.
+        """
+        memory = self.get(owner, memory_id)
+        return self._receipt(memory.owner, [memory.id])
+
+    def forget_many(self, owner: str, memory_ids: Iterable[str]) -> ForgetReceipt:
+        """Erase these memories of ``owner`` (physically, like :meth:`forget`); ids they lack are skipped.
+
+        Raises:
+            InvalidInputError: an invalid owner or id; nothing was erased.
+        """
+        if isinstance(memory_ids, str):
+            raise InvalidInputError("must be a list of memory ids", field="memory_ids")
+        ids = sorted({_check.check_id(i, "memory_ids") for i in memory_ids})
+        return self._receipt(_check.check_id(owner, "owner"), ids)
+
+    def _receipt(self, owner: str, ids: list[str] | None) -> ForgetReceipt:
+        # an empty list names no memory (None names them all)
+        removed, locations, not_reached = self._erase(owner, ids) if ids != [] else ([], [], [])
+        return ForgetReceipt(
+            owner=owner,
+            removed=len(removed),
+            memory_ids=tuple(sorted(removed)),
+            backend=self.backend,
+            locations=tuple(locations),
+            not_reached=tuple(not_reached),
+            finished_at=self.now(),
+        )
+
+    def purge_expired(self) -> int:
+        """Erase every expired memory of every owner; return how many were removed.
+
+        Raises:
+            ConfigError: on pgvector, the role is one that row-level security confines
+                to a single owner; run it as the tables' owner.
+        """
+        return self._purge(self.now())
+
+    def optimize(self, *, full: bool = False) -> None:
+        """Bring the store's files and statistics up to date after bulk loads; search answers as before.
+
+        LanceDB lays out what was written since the last run by owner and indexes it
+        (call it after bulk loads and from time to time: each write adds a file);
+        PostgreSQL vacuums and analyzes the memory table (``VACUUM (ANALYZE)``), as its
+        documentation asks after a bulk load and autovacuum does some time later; the
+        in-memory store has nothing to do. Results stay the same, except the
+        approximate neighbours of a PostgreSQL owner big enough to be searched through
+        the HNSW index, which may differ between any two plans of a search.
+
+        Args:
+            full: rewrite everything, not just what changed (LanceDB: the whole table,
+                so that each owner's rows are together again; PostgreSQL: ``VACUUM FULL``,
+                which locks each partition while it is rewritten).
+        """
+        if not isinstance(full, bool):
+            raise InvalidInputError("must be True or False", field="full")
+        self._optimize(full)
+
+    def _optimize(self, full: bool) -> None:
+        """The backend's own upkeep for :meth:`optimize` (nothing, unless overridden)."""
+
+    # --- re-embedding --------------------------------------------------------------------
+
+    def reembed(self, *, batch_size: int = 256, progress: Progress | None = None) -> int:
+        """Re-embed, in batches, every memory stored by another model than this store's embedder.
+
+        ``progress(done, total)`` is called after each batch. Until a memory is
+        re-embedded, vector search does not see it (two models' vectors are
+        never compared).
+
+        Returns:
+            How many memories were re-embedded.
+
+        Raises:
+            ConfigError: on pgvector, the role is one that row-level security confines
+                to a single owner; run it as the tables' owner.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidInputError("must be an int >= 1", field="batch_size")
+        model = self.embedder.name
+        total = self._count_stale(model)
+        done = 0
+        while done < total:
+            rows = self._stale(model, batch_size)
+            if not rows:
+                break
+            vectors, parts = self._embed_parts([content for _, _, content in rows])
+            self._set_vectors(model, rows, vectors, parts)
+            done += len(rows)
+            if progress is not None:
+                progress(done, total)
+        return done
+
+    def embed_sentences(self, *, batch_size: int = 256, progress: Progress | None = None) -> int:
+        """Embed the sentences of the memories that would keep sentence vectors now but have none.
+
+        Memories written before sentence vectors (before LanceDB's ``sentences`` column,
+        PostgreSQL's memory migration 6), or while :attr:`sentence_chars` was lower, are
+        scored by their whole text only; this gives each one of this store's model, of at
+        most :attr:`sentence_chars` characters and of two or more sentences, its sentence
+        vectors (:mod:`._sentences`). Whole vectors stay as they are; a memory stored by
+        :meth:`insert` with the caller's vectors gains sentence vectors of this store's
+        embedder too. Each memory read is marked as split, so a second call finds only
+        what was written since without sentences. ``progress(done, total)`` is called
+        after each batch, over the memories read.
+
+        Returns:
+            How many memories gained sentence vectors.
+
+        Raises:
+            ConfigError: on pgvector, the role is one that row-level security confines
+                to a single owner; run it as the tables' owner.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidInputError("must be an int >= 1", field="batch_size")
+        model, most = self.embedder.name, self.sentence_chars
+        if most == 0 or Capability.SENTENCE_VECTORS not in self.capabilities:
+            return 0
+        total = self._count_unsplit(model, most)
+        read = gained = 0
+        while read < total:
+            rows = self._unsplit(model, most, batch_size)
+            if not rows:
+                break
+            parts = sentence_vectors_of(self._embed, [c for _, _, c in rows], self.embedder.dimension)
+            stored = self._set_sentences(model, rows, parts)  # marks the ones of no sentences split too
+            gained += sum(
+                1 for (owner, mid, _), p in zip(rows, parts, strict=True) if len(p) and (owner, mid) in stored
+            )
+            read += len(rows)
+            if progress is not None:
+                progress(min(read, total), total)
+        return gained
 
     def close(self) -> None:
         """Release what the store holds (connections, locks)."""

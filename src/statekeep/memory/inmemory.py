@@ -11,13 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from statekeep.memory import base
+from statekeep.memory._backend import Capability
 from statekeep.memory._dedupe import identity
-from statekeep.memory._exact import nearest
-from statekeep.memory._ranking import first_writes
-from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory, SearchResult
+from statekeep.memory.base import MemoryStore
 from statekeep.memory.embedders import Embedder, Vectors
+from statekeep.memory.recall._exact import nearest
+from statekeep.memory.recall._ranking import first_writes, rank_key
+from statekeep.memory.recall._sentences import Parts
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -31,7 +32,7 @@ def words(text: str) -> set[str]:
     return set(_WORD.findall(text.lower()))
 
 
-class InMemoryMemoryStore(base.MemoryStore):
+class InMemoryMemoryStore(MemoryStore):
     """Memories held in a dict, searched exactly; lost when the process ends.
 
     Pass ``shared=`` another in-memory store to open the same memories with a
@@ -43,6 +44,7 @@ class InMemoryMemoryStore(base.MemoryStore):
     """
 
     backend = "memory"
+    capabilities = frozenset({Capability.CANDIDATE_COSINES, Capability.SENTENCE_VECTORS, Capability.OPENERS})
 
     def __init__(
         self, embedder: Embedder | None = None, *, shared: InMemoryMemoryStore | None = None, **kw: Any
@@ -121,7 +123,7 @@ class InMemoryMemoryStore(base.MemoryStore):
             for m, _ in self._candidates(owner, filters, now)
         ]
         hits = [r for r in scored if r.score > 0]
-        return sorted(hits, key=base.rank_key)[:k]
+        return sorted(hits, key=rank_key)[:k]
 
     def _first_writes(self, owner: str, sessions: list[str]) -> dict[str, int]:
         wanted = set(sessions)

@@ -24,7 +24,7 @@ from statekeep.memory import (
     SearchMode,
     render_memories,
 )
-from statekeep.memory._backend import MemoryBackend
+from statekeep.memory._backend import PRIMITIVES, Capability
 from statekeep.testing._memory_dedupe import DedupeSuite
 from statekeep.testing._memory_exact import ExactSuite
 from statekeep.testing._memory_kit import FACTS, HOSTILE_OWNERS, MemoryStoreFactory, _Clock
@@ -190,7 +190,7 @@ class MemoryStoreSuite(DedupeSuite, ExactSuite):
         """The first memory the owner stored in a session is lifted by ``1 + opener_weight`` (another
         owner's earlier memory of a session of that name does not count); a later one is not, even
         when the first is superseded. Skipped for a backend without the optional ``_first_writes``."""
-        if type(store)._first_writes is MemoryBackend._first_writes:
+        if Capability.OPENERS not in store.capabilities:
             pytest.skip("the backend tells no memory that opens its session (optional: _first_writes)")
 
         def session(name: str) -> Provenance:
@@ -220,6 +220,19 @@ class MemoryStoreSuite(DedupeSuite, ExactSuite):
         assert lifted[april.id] == pytest.approx(plain[april.id])
         assert lifted[april.id] > 0
         assert lifted[may.id] == pytest.approx(2 * plain[may.id])
+
+    def test_a_backend_declares_exactly_the_capabilities_it_implements(self, store: MemoryStore) -> None:
+        """A capability is declared if and only if the backend implements one of its primitives: one it
+        lacks is left out of ``capabilities`` (the base's fallback runs), one declared is really there."""
+        backend = type(store)
+        assert isinstance(backend.capabilities, frozenset)
+        assert all(isinstance(c, Capability) for c in backend.capabilities)
+        implemented = {
+            capability
+            for capability, names in PRIMITIVES.items()
+            if any(getattr(backend, name) is not getattr(MemoryStore, name) for name in names)
+        }
+        assert set(backend.capabilities) == implemented
 
     def test_optimize_changes_no_result(self, store: MemoryStore) -> None:
         """After ``optimize()`` and ``optimize(full=True)`` every search, list and get answers as before."""

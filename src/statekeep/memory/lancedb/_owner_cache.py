@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from statekeep.memory._bm25 import TextIndex
-from statekeep.memory._lance_layout import SENTENCES, sentence_vectors
-from statekeep.memory._ranking import first_writes
 from statekeep.memory._rows import from_row, to_us
-from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory
 from statekeep.memory.embedders import Vectors
+from statekeep.memory.lancedb._layout import SENTENCES, sentence_vectors
+from statekeep.memory.recall._bm25 import TextIndex
+from statekeep.memory.recall._ranking import first_writes
+from statekeep.memory.recall._sentences import Parts
 
 #: Microseconds stored for "never expires" in the cached expiry column.
 NEVER = np.iinfo(np.int64).max

@@ -1,6 +1,6 @@
 """The LanceDB backend: an embedded folder, for one machine and one writer.
 
-Filters are LanceDB SQL strings (:mod:`statekeep.memory._lance_sql`); every value in
+Filters are LanceDB SQL strings (:mod:`statekeep.memory.lancedb._sql`); every value in
 them goes through :func:`quote`, so an owner such as ``a' OR '1'='1`` is just a
 string. Searches prefilter by owner (and the other filters) before ranking,
 exactly: ``optimize`` builds no vector index (a table an older statekeep indexed
@@ -8,10 +8,10 @@ is searched through its index until ``optimize``, exactly when the filter leaves
 at most ``exact_below`` rows).
 
 ``optimize`` writes the rows grouped by owner into small data files, the owner
-index in segments of a few files (:mod:`statekeep.memory._lance_layout`); once
+index in segments of a few files (:mod:`statekeep.memory.lancedb._layout`); once
 the table is laid out, it lays out only the rows written since. There is no
 full-text index (full-text search is BM25 over the owner's memories, in process:
-:mod:`statekeep.memory._bm25`); a writer drops the one an older statekeep built
+:mod:`statekeep.memory.recall._bm25`); a writer drops the one an older statekeep built
 when it opens the table. Erasure
 deletes the rows, then rewrites each data file that held one
 (``compact_files`` with ``materialize_deletions_threshold=0``, every other file
@@ -32,23 +32,38 @@ import numpy as np
 
 from statekeep._check import check_int
 from statekeep._extras import requires
-from statekeep.errors import ConfigError, InvalidInputError
-from statekeep.memory import _bm25, _lance_layout, _lock, base
-from statekeep.memory._exact import nearest
-from statekeep.memory._lance_files import decode_folder as decode_folder  # re-exported: erasure checks
-from statekeep.memory._lance_rewrites import TABLE as TABLE  # re-exported
-from statekeep.memory._lance_rewrites import Rewrites
-from statekeep.memory._lance_sql import in_list, where
-from statekeep.memory._lance_sql import quote as quote  # re-exported
-from statekeep.memory._owner_cache import OwnerCache, OwnerRows, narrows, owner_rows
-from statekeep.memory._ranking import first_writes
+from statekeep.errors import ConfigError, ErasureError, InvalidInputError
+from statekeep.memory._backend import Capability
 from statekeep.memory._rows import COLUMNS, from_row, to_us
-from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory, SearchResult
+from statekeep.memory.base import MemoryStore
 from statekeep.memory.embedders import Embedder, Vectors
+from statekeep.memory.lancedb._layout import (
+    SENTENCES,
+    TABLE,
+    add_sentences,
+    arrow_rows,
+    drop_old_text_index,
+    erase,
+    index_segments,
+    lay_out,
+    lay_out_new,
+    schema,
+    sentence_vectors,
+    upgrade,
+)
+from statekeep.memory.lancedb._lock import FolderLock, lance_errors, one_at_a_time
+from statekeep.memory.lancedb._owner_cache import OwnerCache, OwnerRows, narrows, owner_rows
+from statekeep.memory.lancedb._sql import in_list, quote, where
+from statekeep.memory.recall._bm25 import TextIndex, ranked
+from statekeep.memory.recall._exact import nearest
+from statekeep.memory.recall._ranking import first_writes, top_k
+from statekeep.memory.recall._sentences import Parts, take
+
+NOT_REACHED = ("copies of the folder made outside statekeep (backups, snapshots, synced or copied folders)",)
 
 
-class LanceDBMemoryStore(Rewrites, base.MemoryStore):
+class LanceDBMemoryStore(MemoryStore):
     """Memories in a LanceDB folder: zero servers; one machine, one writer.
 
     The folder is locked while the store is open; a second writer (another
@@ -78,6 +93,15 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
     """
 
     backend = "lancedb"
+    capabilities = frozenset(
+        {
+            Capability.CANDIDATE_COSINES,
+            Capability.SENTENCE_VECTORS,
+            Capability.OPENERS,
+            Capability.BATCHED_NEAREST,
+            Capability.OPTIMIZE,
+        }
+    )
 
     def __init__(
         self,
@@ -103,9 +127,9 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
         self.read_only = read_only
         self.exact_below = exact_below
         self.nprobes = nprobes
-        self._lock: _lock.FolderLock | None = None
+        self._lock: FolderLock | None = None
         try:
-            with _lock.lance_errors("opening the memories table", self.path):
+            with lance_errors("opening the memories table", self.path):
                 self._connect(lancedb, cache_bytes)
         except BaseException:  # a table that cannot be opened leaves the folder free for another try
             if self._lock is not None:
@@ -136,7 +160,7 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
                 raise ConfigError(
                     "STATEKEEP_MEMORY_URL", str(self.path), f"cannot create folder: {exc.strerror}"
                 ) from exc
-            self._lock = _lock.FolderLock(self.path)
+            self._lock = FolderLock(self.path)
             self._db = lancedb.connect(str(self.path))
             self._table = self._open_table()
         # a writer is the only writer (the folder lock), so its in-process caches stay true
@@ -149,15 +173,15 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
 
     def _open_table(self) -> Any:
         if TABLE not in self._db.list_tables().tables:
-            return self._db.create_table(TABLE, schema=_lance_layout.schema(self.embedder.dimension))
+            return self._db.create_table(TABLE, schema=schema(self.embedder.dimension))
         table = self._db.open_table(TABLE)
         if "seq" not in table.schema.names:
-            table = _lance_layout.upgrade(self._db, TABLE, table)
-        if _lance_layout.SENTENCES not in table.schema.names:
-            _lance_layout.add_sentences(table)
+            table = upgrade(self._db, TABLE, table)
+        if SENTENCES not in table.schema.names:
+            add_sentences(table)
             table = self._db.open_table(TABLE)
         # before any erasure can run: erasure rebuilds no segment of that index, a stale one keeps tokens
-        if _lance_layout.drop_old_text_index(table):
+        if drop_old_text_index(table):
             table = self._db.open_table(TABLE)
         return table
 
@@ -178,7 +202,7 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
             self._dim = int(self._table.schema.field("vector").type.list_size)
         return self._dim
 
-    @_lock.one_at_a_time("closing")
+    @one_at_a_time("closing")
     def close(self) -> None:
         """Release the folder lock."""
         if self._lock is not None:
@@ -190,7 +214,7 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
 
     # --- writes ---------------------------------------------------------------------------
 
-    @_lock.one_at_a_time("storing memories")
+    @one_at_a_time("storing memories")
     def _insert(self, memories: list[Memory], vectors: Vectors, parts: Parts | None = None) -> list[Memory]:
         self._writable()
         if self._dimension != vectors.shape[1]:
@@ -198,14 +222,14 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
         # the folder lock makes this store the only writer: its counter is the table's order
         memories = [replace(m, seq=self._next_seq + i) for i, m in enumerate(memories)]
         owner = memories[0].owner
-        self._table.add(_lance_layout.arrow_rows(memories, vectors, vectors.shape[1], parts))
+        self._table.add(arrow_rows(memories, vectors, vectors.shape[1], parts))
         self._cache.update(owner, lambda rows: rows.extended(memories, vectors, parts))
         self._next_seq += len(memories)
         if owner in self._owner_rows:
             self._owner_rows[owner] += len(memories)
         return memories
 
-    @_lock.one_at_a_time("looking up memories")
+    @one_at_a_time("looking up memories")
     def _same(self, owner: str, identities: list[str], now: datetime) -> dict[str, Memory]:
         found: dict[str, Memory] = {}
         alive = f"superseded_by IS NULL AND (expires_us IS NULL OR expires_us > {to_us(now)})"
@@ -216,13 +240,13 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
                 found.setdefault(row["dedupe_key"], from_row(row))
         return found
 
-    @_lock.one_at_a_time("marking a memory superseded")
+    @one_at_a_time("marking a memory superseded")
     def _mark_superseded(self, owner: str, memory_id: str, successor: str) -> None:
         self._writable()
         self._table.update(where=where(owner, id=memory_id), values={"superseded_by": successor})
         self._cache.update(owner, lambda rows: rows.superseding(memory_id, successor))
 
-    @_lock.one_at_a_time("optimizing")
+    @one_at_a_time("optimizing")
     def _optimize(self, full: bool) -> None:
         """Lay the memories out by owner in small files and index them by owner.
 
@@ -243,8 +267,8 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
         dataset = self._table.to_lance()
         version = dataset.version
         if dataset.count_rows():
-            done = None if full else _lance_layout.lay_out_new(dataset)
-            dataset = done or _lance_layout.index_segments(_lance_layout.lay_out(dataset))
+            done = None if full else lay_out_new(dataset)
+            dataset = done or index_segments(lay_out(dataset))
         if dataset.version != version:
             # now, not days later: an erasure would otherwise pay for deleting the old files; unverified
             # files too (the index segments built before their merge): this store is the only writer
@@ -271,7 +295,7 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
             return query.bypass_vector_index()
         return query.nprobes(self.nprobes).refine_factor(4)
 
-    @_lock.one_at_a_time("searching memories")
+    @one_at_a_time("searching memories")
     def _nearest(
         self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
     ) -> list[SearchResult]:
@@ -301,7 +325,7 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
                 SearchResult(from_row(by_id[i]), 1.0 - float(d)) for i, d in zip(ids, scores, strict=True)
             ]
 
-        return base.top_k(fetch, k)
+        return top_k(fetch, k)
 
     def _latest(self) -> Any:
         """A reader: the table's latest version, letting go of every owner held when it has moved."""
@@ -327,9 +351,9 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
 
     def _sentence_column(self) -> list[str]:
         """The sentence column, if the table has it (a reader of an older statekeep's table: not)."""
-        return [_lance_layout.SENTENCES] if _lance_layout.SENTENCES in self._table.schema.names else []
+        return [SENTENCES] if SENTENCES in self._table.schema.names else []
 
-    @_lock.one_at_a_time("searching memories")
+    @one_at_a_time("searching memories")
     def _vectors_of(self, owner: str, ids: list[str]) -> dict[str, tuple[Vectors, Vectors | None]]:
         model = self.embedder.name
         held = self._held(owner)
@@ -346,11 +370,11 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
         dimension = self._dimension
         out: dict[str, tuple[Vectors, Vectors | None]] = {}
         for row in found.to_pylist():
-            parts = _lance_layout.sentence_vectors(row.get(_lance_layout.SENTENCES), dimension)
+            parts = sentence_vectors(row.get(SENTENCES), dimension)
             out[row["id"]] = (np.asarray(row["vector"], dtype=np.float32), parts)
         return out
 
-    @_lock.one_at_a_time("looking for similar memories")
+    @one_at_a_time("looking for similar memories")
     def _nearest_each(self, owner: str, vectors: Vectors, now: datetime) -> list[SearchResult | None]:
         if self._dimension != vectors.shape[1]:
             return [None] * len(vectors)
@@ -361,7 +385,7 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
             found[int(r.get("query_index", 0))] = SearchResult(from_row(r), 1.0 - float(r["_distance"]))
         return found
 
-    @_lock.one_at_a_time("searching memories")
+    @one_at_a_time("searching memories")
     def _first_writes(self, owner: str, sessions: list[str]) -> dict[str, int]:
         held = self._held(owner)
         if held is not None:
@@ -369,7 +393,7 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
         rows = self._rows(f"{where(owner)} AND {in_list('session_id', sessions)}", ["session_id", "seq"])
         return first_writes((r["session_id"], r["seq"]) for r in rows)
 
-    @_lock.one_at_a_time("searching memories")
+    @one_at_a_time("searching memories")
     def _text(self, owner: str, query: str, k: int, filters: Filters, now: datetime) -> list[SearchResult]:
         """BM25 with the statistics of the memories searched (see :mod:`._bm25`), not the whole index's.
 
@@ -380,10 +404,10 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
         held = self._held(owner)
         if held is not None:
             searchable = held.searchable(filters, now)
-            return _bm25.ranked(held.text_index(), held.memories, query, searchable, k)
+            return ranked(held.text_index(), held.memories, query, searchable, k)
         memories = [from_row(r) for r in self._rows(where(owner, filters, now), list(COLUMNS))]
         everything = np.ones(len(memories), dtype=bool)
-        return _bm25.ranked(_bm25.TextIndex(m.content for m in memories), memories, query, everything, k)
+        return ranked(TextIndex(m.content for m in memories), memories, query, everything, k)
 
     def _rows(self, clause: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
         """The rows ``clause`` selects, all read from one version of the table.
@@ -396,13 +420,163 @@ class LanceDBMemoryStore(Rewrites, base.MemoryStore):
         )
         return rows
 
-    @_lock.one_at_a_time("reading a memory")
+    @one_at_a_time("reading a memory")
     def _get(self, owner: str, memory_id: str, now: datetime) -> Memory | None:
         clause = f"{where(owner, id=memory_id)} AND (expires_us IS NULL OR expires_us > {to_us(now)})"
         rows = self._rows(clause)
         return from_row(rows[0]) if rows else None
 
-    @_lock.one_at_a_time("listing memories")
+    @one_at_a_time("listing memories")
     def _list(self, owner: str, now: datetime) -> list[Memory]:
         clause = f"{where(owner)} AND (expires_us IS NULL OR expires_us > {to_us(now)})"
         return [from_row(r) for r in self._rows(clause, list(COLUMNS))]
+
+    # --- erasure --------------------------------------------------------------------------
+
+    @one_at_a_time("erasing memories")
+    def _erase(self, owner: str, ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
+        self._writable()
+        clause = where(owner) if ids is None else f"{where(owner)} AND {in_list('id', ids)}"
+        dataset = self._dataset()
+        removed = dataset.to_table(columns=["id"], filter=clause).column("id").to_pylist()
+        self._cache.drop(owner)
+        if removed:
+            dataset.delete(clause)
+        self._rewrite(owner, dataset)  # always: it also finishes an erasure that stopped after its delete
+        return removed, self._locations(), list(NOT_REACHED)
+
+    def _dataset(self) -> Any:
+        """The table as a Lance dataset of its own, without the table's index cache (an erasure is
+        faster so: docs/memory.md, backends); :meth:`_rewrite` reopens the table after writing through it."""
+        import lance
+
+        return lance.dataset(str(self.path / f"{TABLE}.lance"))
+
+    def _locations(self) -> list[str]:
+        root = self.path / f"{TABLE}.lance"
+        return [
+            f"{root / 'data'}: every data file that held a deleted row was rewritten",
+            f"{root / '_indices'}: the owner index segments of those files remapped past the deleted rows",
+            f"{root / '_versions'}: every older version deleted",
+        ]
+
+    def _rewrite(self, owner: str, dataset: Any = None) -> None:
+        """Rewrite the files holding deleted rows (remapping their index segments), drop every old version."""
+        step = "compaction"
+        try:
+            dataset = self._dataset() if dataset is None else dataset
+            erase(dataset)
+            step = "cleanup of old versions"
+            dataset.cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise ErasureError(owner, step, str(exc)) from exc
+        finally:  # the table object does not see versions written through the dataset
+            self._reopen()
+            self._owner_rows.clear()
+        self._indexed = self._indexed and self._has_vector_index()  # a rewrite never adds one
+
+    @one_at_a_time("erasing expired memories")
+    def _purge(self, now: datetime) -> int:
+        self._writable()
+        clause = f"expires_us IS NOT NULL AND expires_us <= {to_us(now)}"
+        count = int(self._table.count_rows(clause))
+        if count:
+            self._cache.drop()
+            self._table.delete(clause)
+            self._rewrite("(expired)")
+        return count
+
+    # --- re-embedding ---------------------------------------------------------------------
+
+    @one_at_a_time("counting memories to re-embed")
+    def _count_stale(self, model: str) -> int:
+        return int(self._table.count_rows(f"model != {quote(model)}"))
+
+    @one_at_a_time("reading memories to re-embed")
+    def _stale(self, model: str, limit: int) -> list[tuple[str, str, str]]:
+        q = self._table.search().where(f"model != {quote(model)}").select(["owner", "id", "content"])
+        return [(r["owner"], r["id"], r["content"]) for r in q.limit(limit).to_list()]
+
+    @one_at_a_time("storing re-embedded vectors")
+    def _set_vectors(
+        self, model: str, rows: list[tuple[str, str, str]], vectors: Vectors, parts: Parts | None = None
+    ) -> None:
+        self._writable()
+        self._cache.drop()
+        if self._dimension != vectors.shape[1]:
+            self._resize(vectors.shape[1])
+        by_key = {key: i for i, key in enumerate(rows)}
+        found = [from_row(r) for r in self._rows_still(rows, "true", list(COLUMNS))]
+        if not found:
+            return
+        updated = [Memory(**{**_fields(m), "model": model}) for m in found]
+        order = [by_key[(m.owner, m.id, m.content)] for m in found]
+        stacked = vectors[order]
+        batch = arrow_rows(updated, stacked, vectors.shape[1], take(parts, order))
+        self._table.merge_insert(["owner", "id"]).when_matched_update_all().execute(batch)
+
+    def _unsplit_clause(self, model: str, most_chars: int) -> str:
+        return f"model = {quote(model)} AND sentences IS NULL AND char_length(content) <= {int(most_chars)}"
+
+    @one_at_a_time("counting memories to split into sentences")
+    def _count_unsplit(self, model: str, most_chars: int) -> int:
+        self._writable()  # before anything is embedded
+        return int(self._table.count_rows(self._unsplit_clause(model, most_chars)))
+
+    @one_at_a_time("reading memories to split into sentences")
+    def _unsplit(self, model: str, most_chars: int, limit: int) -> list[tuple[str, str, str]]:
+        found = self._table.search().where(self._unsplit_clause(model, most_chars))
+        rows = found.select(["owner", "id", "content"]).limit(limit).to_list()
+        return [(r["owner"], r["id"], r["content"]) for r in rows]
+
+    @one_at_a_time("storing sentence vectors")
+    def _set_sentences(
+        self, model: str, rows: list[tuple[str, str, str]], parts: list[Vectors]
+    ) -> set[tuple[str, str]]:
+        self._writable()
+        self._cache.drop()
+        by_key = {key: n for n, key in enumerate(rows)}
+        unsplit = f"model = {quote(model)} AND sentences IS NULL"
+        found = self._rows_still(rows, unsplit, [*COLUMNS, "vector"])
+        if not found:
+            return set()
+        memories = [from_row(r) for r in found]
+        vectors = np.asarray([r["vector"] for r in found], dtype=np.float32)
+        cells: Parts = [parts[by_key[(m.owner, m.id, m.content)]] for m in memories]
+        batch = arrow_rows(memories, vectors, vectors.shape[1], cells)
+        self._table.merge_insert(["owner", "id"]).when_matched_update_all().execute(batch)
+        return {(m.owner, m.id) for m in memories}
+
+    def _rows_still(
+        self, rows: list[tuple[str, str, str]], clause: str, columns: list[str]
+    ) -> list[dict[str, Any]]:
+        """The rows named by (owner, id, content) that ``clause`` selects and still hold that content.
+
+        Ids are unique per owner only: each row is found by its owner and id, and it must still
+        hold the text embedded (not be another memory under a forgotten one's id).
+        """
+        ids: dict[str, list[str]] = {}
+        for owner, mid, _ in rows:
+            ids.setdefault(owner, []).append(mid)
+        mine = " OR ".join(f"({where(owner)} AND {in_list('id', mids)})" for owner, mids in ids.items())
+        wanted = set(rows)
+        return [
+            r
+            for r in self._rows(f"({mine}) AND {clause}", columns)
+            if (r["owner"], r["id"], r["content"]) in wanted
+        ]
+
+    def _resize(self, dimension: int) -> None:
+        """Rewrite the table for vectors of another length; every memory becomes stale ('' model)."""
+        rows = [from_row(r) for r in self._rows("true", list(COLUMNS))]
+        stale = [Memory(**{**_fields(m), "model": ""}) for m in rows]
+        data = arrow_rows(stale, np.zeros((len(stale), dimension), dtype=np.float32), dimension)
+        self._table = self._db.create_table(TABLE, data=data, schema=schema(dimension), mode="overwrite")
+        self._cache.drop()
+        self._dim = dimension
+        self._indexed = False
+        self._table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+
+
+def _fields(memory: Memory) -> dict[str, Any]:
+    return {name: getattr(memory, name) for name in Memory.__dataclass_fields__}

@@ -26,6 +26,13 @@ match to its neighbours, since context is added before. When the query names a p
 ("four weeks ago", "in June": :mod:`._when`), the memories written in it are candidates
 too, and their score is multiplied by ``1 + TIME_WEIGHT``. The constants were chosen on
 the development split of ``bench/retrieval.py`` and are reported on its held-out split.
+
+These steps after the vector score are the named stages of :data:`STAGES`, run in this
+order: ``bm25`` (the full-text ranking fused in), ``speaker`` (the agent's words weighed
+down), ``opener`` (the session's first memory lifted), ``context`` (neighbours lend their
+score), ``length`` (the length prior) and ``time`` (the period the query names, which also
+adds its memories as candidates). ``Fusion(without=("opener",))`` leaves a stage out by
+name; ``python -m bench.sentences --stages`` measures each one left out.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from statekeep._check import MAX_INT, check_int, check_number
+from statekeep.errors import InvalidInputError
 from statekeep.memory._types import Memory, SearchResult
 
 #: The constant of reciprocal-rank fusion: score = sum(1 / (RRF_K + rank)).
@@ -88,9 +96,24 @@ class Fusion:
     time_weight: float = TIME_WEIGHT
     assistant_weight: float = ASSISTANT_WEIGHT
     opener_weight: float = OPENER_WEIGHT
+    #: The stages of :data:`STAGES` left out, by name (``("time",)``: no period read from the query).
+    without: tuple[str, ...] = ()
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The names of the stages hybrid search runs, in order: :data:`STAGES` less ``without``."""
+        return tuple(name for name in STAGES if name not in self.without)
 
     def __post_init__(self) -> None:
-        """Raises InvalidInputError for a knob out of range (a pivot of 0 would divide by zero at search)."""
+        """Raises InvalidInputError for a knob out of range (a pivot of 0 would divide by zero at search)
+        or a stage that is not one of :data:`STAGES`."""
+        without = self.without
+        if isinstance(without, str) or not isinstance(without, Iterable):
+            raise InvalidInputError(f"must be a list of stage names, of {list(STAGES)}", field="without")
+        names = list(without)
+        if not all(isinstance(n, str) and n in STAGES for n in names):
+            raise InvalidInputError(f"must name stages of {list(STAGES)}", field="without")
+        object.__setattr__(self, "without", tuple(n for n in STAGES if n in names))
         ints = {"pool": (1, MAX_POOL), "context_span": (0, MAX_POOL), "length_pivot": (1, MAX_INT)}
         for name, (low, high) in ints.items():
             object.__setattr__(self, name, check_int(getattr(self, name), name, minimum=low, maximum=high))
@@ -154,6 +177,84 @@ def normalized(ranking: Sequence[SearchResult]) -> dict[str, float]:
     return {h.memory.id: (h.score - low) / span if span > 0 else 1.0 for h in ranking}
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """What every stage of hybrid search reads: the candidates, both rankings, the query and its knobs."""
+
+    memories: dict[str, Memory]
+    vector: dict[str, float]  # the vector ranking's scores, normalised (:func:`normalized`)
+    text: dict[str, float]  # the full-text ranking's, normalised
+    fusion: Fusion
+    window: tuple[datetime, datetime] | None
+    query: str
+    openers: Collection[str]
+
+
+#: A stage of hybrid search: the fused scores so far, and what it reads, to the next scores.
+Stage = Callable[[dict[str, float], Scoring], dict[str, float]]
+
+
+def bm25_stage(scores: dict[str, float], s: Scoring) -> dict[str, float]:
+    """The full-text (BM25) ranking fused in: ``vector_weight`` of the vector score, the rest the text's."""
+    w = s.fusion.vector_weight
+    return {i: w * v + (1 - w) * s.text.get(i, 0.0) for i, v in scores.items()}
+
+
+def speaker_stage(scores: dict[str, float], s: Scoring) -> dict[str, float]:
+    """The agent's own words multiplied by ``assistant_weight``, unless the query addresses the agent."""
+    if s.fusion.assistant_weight >= 1 or ADDRESSES_AGENT.search(s.query):
+        return scores
+    a = s.fusion.assistant_weight
+    return {i: v * a if said_by_agent(s.memories[i]) else v for i, v in scores.items()}
+
+
+def opener_stage(scores: dict[str, float], s: Scoring) -> dict[str, float]:
+    """The memories that open their session multiplied by ``1 + opener_weight``."""
+    if s.fusion.opener_weight <= 0 or not s.openers:
+        return scores
+    lift = 1 + s.fusion.opener_weight
+    return {i: v * lift if i in s.openers else v for i, v in scores.items()}
+
+
+def context_stage(scores: dict[str, float], s: Scoring) -> dict[str, float]:
+    """Each memory plus ``context_weight`` of its best session neighbour's score (:func:`with_context`)."""
+    if s.fusion.context_weight <= 0:
+        return scores
+    return with_context(scores, s.memories, s.fusion.context_weight, s.fusion.context_span)
+
+
+def length_stage(scores: dict[str, float], s: Scoring) -> dict[str, float]:
+    """Memories longer than ``length_pivot`` divided by their :func:`length_penalty`."""
+    f = s.fusion
+    if f.length_weight <= 0:
+        return scores
+    return {
+        i: v / length_penalty(len(s.memories[i].content), f.length_pivot, f.length_weight)
+        for i, v in scores.items()
+    }
+
+
+def time_stage(scores: dict[str, float], s: Scoring) -> dict[str, float]:
+    """The memories written in the period the query names multiplied by ``1 + time_weight``."""
+    if s.window is None:  # a weight of 0 multiplies by 1
+        return scores
+    since, until = s.window
+    boost = 1 + s.fusion.time_weight
+    return {i: v * boost if since <= s.memories[i].created_at < until else v for i, v in scores.items()}
+
+
+#: The stages of hybrid search by name, in the order they run (each one can be left out by name:
+#: ``Fusion(without=("opener",))``); the fused score starts as the normalised vector score.
+STAGES: dict[str, Stage] = {
+    "bm25": bm25_stage,
+    "speaker": speaker_stage,
+    "opener": opener_stage,
+    "context": context_stage,
+    "length": length_stage,
+    "time": time_stage,
+}
+
+
 def fuse_scores(
     vector: Sequence[SearchResult],
     text: Sequence[SearchResult],
@@ -163,35 +264,22 @@ def fuse_scores(
     query: str = "",
     openers: Collection[str] = (),
 ) -> list[SearchResult]:
-    """Score-aware fusion of a vector and a full-text ranking, with session context, a
-    length prior, the agent's own words weighed down unless ``query`` addresses the agent,
-    and the period the query names (``window``, ``[since, until)``); the top ``k``.
+    """Score-aware fusion of a vector and a full-text ranking, then the other stages of
+    :data:`STAGES` that ``fusion`` runs (:attr:`Fusion.stages`): the agent's own words weighed
+    down unless ``query`` addresses the agent, the session's first memory lifted, session
+    context, a length prior and the period the query names (``window``, ``[since, until)``);
+    the top ``k``.
 
     Scores are in [0, (1 + ``opener_weight``) * (1 + ``context_weight``) * (1 + ``time_weight``)];
     ties are broken by :func:`rank_key`. ``openers``: the ids of the memories that open their
     session (``_openers``).
     """
     memories = {h.memory.id: h.memory for h in (*text, *vector)}
-    v, t = normalized(vector), normalized(text)
-    w = fusion.vector_weight
-    fused = {i: w * v.get(i, 0.0) + (1 - w) * t.get(i, 0.0) for i in memories}
-    if fusion.assistant_weight < 1 and not ADDRESSES_AGENT.search(query):
-        a = fusion.assistant_weight
-        fused = {i: s * a if said_by_agent(memories[i]) else s for i, s in fused.items()}
-    if fusion.opener_weight > 0 and openers:
-        lift = 1 + fusion.opener_weight
-        fused = {i: s * lift if i in openers else s for i, s in fused.items()}
-    if fusion.context_weight > 0:
-        fused = with_context(fused, memories, fusion.context_weight, fusion.context_span)
-    if fusion.length_weight > 0:
-        fused = {
-            i: score / length_penalty(len(memories[i].content), fusion.length_pivot, fusion.length_weight)
-            for i, score in fused.items()
-        }
-    if window is not None:  # a weight of 0 multiplies by 1
-        since, until = window
-        boost = 1 + fusion.time_weight
-        fused = {i: s * boost if since <= memories[i].created_at < until else s for i, s in fused.items()}
+    v = normalized(vector)
+    scoring = Scoring(memories, v, normalized(text), fusion, window, query, openers)
+    fused = {i: v.get(i, 0.0) for i in memories}
+    for name in fusion.stages:
+        fused = STAGES[name](fused, scoring)
     hits = [SearchResult(memories[i], score) for i, score in fused.items()]
     return sorted(hits, key=rank_key)[:k]
 

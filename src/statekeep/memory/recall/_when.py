@@ -28,7 +28,7 @@ What is read, at the store's clock ``now`` (days are UTC days):
   month still to come, the year before.
 
 The first kind found in that order is used; a query without any has no window. Chosen
-and measured on the development split of ``bench/retrieval.py``.
+on the development split of ``bench/retrieval.py`` (figures in docs/memory.md).
 """
 
 from __future__ import annotations

@@ -21,31 +21,33 @@
 from __future__ import annotations
 
 import functools
-import weakref
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 import numpy as np
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+import statekeep.memory.pgvector._search as ps
+import statekeep.memory.pgvector._sql as q
 from statekeep._check import check_int
 from statekeep.db import Database, upgrade
 from statekeep.db.engine import storage_error
 from statekeep.db.migrations import current_version
 from statekeep.db.rewrite import MARK, rewrite
 from statekeep.errors import ConfigError, StorageError
-from statekeep.memory import _pg_search as ps
-from statekeep.memory import _pgsql as q
-from statekeep.memory import base
-from statekeep.memory._irregular import base_forms
-from statekeep.memory._pg_pipeline import Pipelined, Statement
+from statekeep.memory._backend import Capability
 from statekeep.memory._rows import from_row, to_row, to_us
-from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Filters, Memory, SearchResult
+from statekeep.memory.base import MemoryStore
 from statekeep.memory.embedders import Embedder, Vectors
+from statekeep.memory.pgvector._pipeline import Pipeline, Statement
+from statekeep.memory.recall._irregular import base_forms
+from statekeep.memory.recall._ranking import rank_key, top_k
+from statekeep.memory.recall._sentences import Parts
 
 NOT_REACHED = (
     "PostgreSQL's write-ahead log (pg_wal) until its segments are recycled, and WAL archives",
@@ -55,7 +57,7 @@ NOT_REACHED = (
 _UNSPLIT = "model = :m AND sentences IS NULL AND char_length(content) <= :n"
 
 
-class PgVectorMemoryStore(Pipelined, base.MemoryStore):
+class PgVectorMemoryStore(MemoryStore):
     """Memories in PostgreSQL with pgvector; the production backend for many workers.
 
     Examples:
@@ -71,6 +73,7 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
     """
 
     backend = "pgvector"
+    capabilities = frozenset(Capability)  # every one
 
     def __init__(
         self,
@@ -89,8 +92,7 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
             raise ConfigError(
                 self.db.setting, str(self.db.url), "pgvector memory needs a PostgreSQL database"
             )
-        self.ef_search = int(ef_search)
-        self.exact_below = int(exact_below)
+        self._pipe = Pipeline(self.db, int(ef_search), int(exact_below))
         try:
             # a worker role may lack CREATE: it only needs the schema to be current already
             if current_version(self.db, "memory", q.SCHEMA) != len(q.MIGRATIONS):
@@ -100,10 +102,39 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
                 exc, "setting up the memory tables (is the vector extension installed?)"
             ) from exc
         self._indexed: set[tuple[str, int]] = set()
-        self._vector_type = None
-        self._binary = weakref.WeakSet()
-        self._big = {}
         self._ensure_index(self.embedder.name, self.embedder.dimension)
+
+    @property
+    def ef_search(self) -> int:
+        """HNSW candidate list size of a search."""
+        return self._pipe.ef_search
+
+    @ef_search.setter
+    def ef_search(self, value: int) -> None:
+        self._pipe.ef_search = check_int(value, "ef_search", minimum=1, maximum=1_000)
+
+    @property
+    def exact_below(self) -> int:
+        """An owner with fewer memories is searched exactly; a bigger one through the HNSW index."""
+        return self._pipe.exact_below
+
+    @exact_below.setter
+    def exact_below(self, value: int) -> None:
+        self._pipe.exact_below = check_int(value, "exact_below")
+
+    def _run(
+        self, owner: str, statements: list[Statement], *, write: bool, search: bool = False
+    ) -> list[list[dict[str, Any]]]:
+        """The statements' rows, run in one transaction scoped to ``owner`` (:meth:`Pipeline.run`)."""
+        return self._pipe.run(owner, statements, write=write, search=search)
+
+    def _driver(self, conn: Connection) -> psycopg.Connection[Any]:
+        """The psycopg connection under ``conn``, sending vectors in binary (:meth:`Pipeline.driver`)."""
+        return self._pipe.driver(conn)
+
+    def _is_big(self, owner: str) -> bool:
+        """Whether the owner is searched through the HNSW index (:meth:`Pipeline.is_big`)."""
+        return self._pipe.is_big(owner)
 
     def _ensure_index(self, model: str, dimension: int) -> None:
         if (model, dimension) in self._indexed:
@@ -235,7 +266,7 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
     def _neighbours(rows: list[dict[str, Any]]) -> list[SearchResult]:
         found = [SearchResult(from_row(r), 1.0 - float(r["distance"])) for r in rows]
         # relaxed_order may return neighbours slightly out of order: sort them here
-        return sorted(found, key=base.rank_key)
+        return sorted(found, key=rank_key)
 
     def _nearest(
         self, owner: str, vector: Vectors, k: int, filters: Filters, now: datetime
@@ -243,7 +274,7 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         exact = not self._is_big(owner)
         fetch = functools.partial(self._fetch_nearest, owner, vector, filters, now)
         # exact: one more than k, and more only if that one ties with the k-th (see ps.nearest_sql)
-        return base.top_k(fetch, k) if exact else fetch(k, exact=False)
+        return top_k(fetch, k) if exact else fetch(k, exact=False)
 
     def _fetch_nearest(
         self, owner: str, vector: Vectors, filters: Filters, now: datetime, n: int, *, exact: bool = True
@@ -264,7 +295,7 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
         hits = self._neighbours(near_rows)
         if exact:
             fetch = functools.partial(self._fetch_nearest, owner, vector, filters, now)
-            hits = base.top_k(fetch, k, first=hits)
+            hits = top_k(fetch, k, first=hits)
         texts = [SearchResult(from_row(r), float(r["rank"])) for r in text_rows]
         best = {r["id"]: float(r["best"]) for r in (*near_rows, *text_rows) if r["best"] is not None}
         missing = [h.memory.id for h in hits if h.memory.id not in best]  # fetched again at a tie
@@ -315,7 +346,7 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
 
     def _erase(self, owner: str, ids: list[str] | None) -> tuple[list[str], list[str], list[str]]:
         only = "" if ids is None else "AND id = ANY(:ids)"
-        with self._scoped(owner) as conn:
+        with self._pipe.scoped(owner) as conn:
             partition = q.partition_of(conn, owner)
             deleted = conn.execute(
                 sa.text(f"DELETE FROM {q.TABLE} WHERE owner = :owner {only} RETURNING id"),
@@ -326,7 +357,7 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
             mark = conn.exec_driver_sql(MARK).scalar_one()
         words = q.words_partition(partition)
         rewrite(self.db, [partition, words], mark=mark, owner=owner)
-        self._big.pop(owner, None)
+        self._pipe.forget_size(owner)
         locations = [
             f"{partition}: heap, TOAST and every index rewritten (VACUUM FULL)",
             f"{words}: the owner's count of memories per word, rewritten the same way",
@@ -358,7 +389,7 @@ class PgVectorMemoryStore(Pipelined, base.MemoryStore):
             self._vacuum([command])
         except sa.exc.SQLAlchemyError as exc:
             raise storage_error(exc, f"optimizing the memories ({command})") from exc
-        self._big.clear()
+        self._pipe.forget_size()
 
     def _recount(self) -> None:
         """Count every owner's words again from the memories, as the tables' owner (a confined role sees

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from statekeep.memory import _irregular
-from statekeep.memory._ranking import rank_key
+import statekeep.memory.recall._irregular as irregular
 from statekeep.memory._types import Memory, SearchResult
+from statekeep.memory.recall._ranking import rank_key
 
 K1, B = 1.2, 0.75
 #: Longer runs of letters (a pasted key, a base64 blob) are not words.
@@ -87,9 +87,9 @@ def _stemmer() -> Any:
 def words(text: str, stems: dict[str, str] | None = None) -> list[str]:
     """The indexed words of ``text``, in order, repeats kept; ``stems`` memoises the stemmer."""
     if text.isascii():
-        tokens = _irregular.unwont(text.lower()).translate(_ASCII_SPACES).split()
+        tokens = irregular.unwont(text.lower()).translate(_ASCII_SPACES).split()
     else:
-        folded = _irregular.unwont(text.casefold())
+        folded = irregular.unwont(text.casefold())
         tokens = _word().findall(_MARKS.sub("", unicodedata.normalize("NFKD", folded)))
     stems = {} if stems is None else stems
     get = stems.get
@@ -104,7 +104,7 @@ def words(text: str, stems: dict[str, str] | None = None) -> list[str]:
 
 
 def _stem(token: str) -> str:
-    return str(_stemmer().stemWord(_irregular.BASE.get(token, token)))
+    return str(_stemmer().stemWord(irregular.BASE.get(token, token)))
 
 
 class TextIndex:

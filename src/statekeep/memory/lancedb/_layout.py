@@ -41,10 +41,12 @@ import numpy as np
 
 from statekeep.memory._dedupe import identity
 from statekeep.memory._rows import COLUMNS, to_row
-from statekeep.memory._sentences import Parts
 from statekeep.memory._types import Memory
 from statekeep.memory.embedders import Vectors
+from statekeep.memory.recall._sentences import Parts
 
+#: The memories table of the folder.
+TABLE = "memories"
 #: The most rows a data file holds after ``optimize``.
 FRAGMENT_ROWS = 512
 #: The most data files an owner index segment covers.

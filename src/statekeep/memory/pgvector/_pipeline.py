@@ -4,7 +4,7 @@ A call's statements, its owner setting (row-level security lets only that
 owner's rows through) and, for a search, the planner settings go out in one
 psycopg pipeline with their ``BEGIN`` and ``COMMIT``; numpy vectors travel in
 pgvector's binary format and jsonb comes back through a leaner loader.
-:class:`Pipelined` is that part of :class:`~statekeep.memory.pgvector.PgVectorMemoryStore`.
+:class:`Pipeline` is the store's collaborator that does it (``PgVectorMemoryStore._pipe``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from psycopg.rows import dict_row
 from psycopg.types import TypeInfo
 from sqlalchemy.engine import Connection
 
+import statekeep.memory.pgvector._sql as q
 from statekeep.db import Database
 from statekeep.db.engine import storage_error
-from statekeep.memory import _pgsql as q
 
 #: How long searches trust what they learnt of an owner's size (exact search, or the HNSW index).
 SIZE_HINT_SECONDS = 30.0
@@ -67,21 +67,36 @@ def fetched(cursor: psycopg.Cursor[dict[str, Any]]) -> list[dict[str, Any]]:
             return rows
 
 
-class Pipelined:
-    """Scoped transactions and pipelined statements (part of the pgvector store, which sets the fields)."""
+class Pipeline:
+    """Scoped transactions and pipelined statements over one database, and what they learn on the way:
+    the vector type, the connections that send vectors in binary, the owners' sizes.
 
-    db: Database
-    ef_search: int
-    exact_below: int
-    _vector_type: TypeInfo | None
-    _binary: weakref.WeakSet[psycopg.Connection[Any]]
-    _big: dict[str, tuple[bool, float]]  # owner -> (searched through HNSW, when learnt)
+    Args:
+        db: the PostgreSQL database.
+        ef_search: HNSW candidate list size of a search.
+        exact_below: an owner with fewer memories is searched exactly, a bigger one through the index.
+    """
 
-    def _driver(self, conn: Connection) -> psycopg.Connection[Any]:
+    def __init__(self, db: Database, ef_search: int, exact_below: int) -> None:
+        self.db = db
+        self.ef_search = ef_search
+        self.exact_below = exact_below
+        self._vector_type: TypeInfo | None = None
+        self._binary: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+        self._big: dict[str, tuple[bool, float]] = {}  # owner -> (searched through HNSW, when learnt)
+
+    def forget_size(self, owner: str | None = None) -> None:
+        """Learn the size of ``owner`` (of every owner, for None) again at its next search."""
+        if owner is None:
+            self._big.clear()
+        else:
+            self._big.pop(owner, None)
+
+    def driver(self, conn: Connection) -> psycopg.Connection[Any]:
         """The psycopg connection under ``conn``, sending numpy vectors in pgvector's binary format."""
-        return self._binary_vectors(conn.connection.driver_connection)  # type: ignore[arg-type]
+        return self.binary_vectors(conn.connection.driver_connection)  # type: ignore[arg-type]
 
-    def _binary_vectors(self, raw: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    def binary_vectors(self, raw: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
         """``raw``, with pgvector's binary dumper registered for numpy vectors (once per connection)."""
         if raw not in self._binary:
             if self._vector_type is None:
@@ -92,15 +107,15 @@ class Pipelined:
         return raw
 
     @contextmanager
-    def _scoped(self, owner: str, *, write: bool = True) -> Iterator[Connection]:
+    def scoped(self, owner: str, *, write: bool = True) -> Iterator[Connection]:
         """A transaction in which row-level security lets only ``owner``'s rows through."""
         what = f"{'writing' if write else 'reading'} memories of {owner!r}"
         with self.db.begin(what) if write else self.db.read(what) as conn:
-            self._driver(conn)
+            self.driver(conn)
             conn.execute(sa.text(f"SELECT set_config('{q.OWNER_SETTING}', :o, true)"), {"o": owner})
             yield conn
 
-    def _run(
+    def run(
         self, owner: str, statements: list[Statement], *, write: bool, search: bool = False
     ) -> list[list[dict[str, Any]]]:
         """Run statements in one transaction scoped to ``owner``, in one round trip; return their rows.
@@ -122,11 +137,11 @@ class Pipelined:
                 "hnsw.iterative_scan": "relaxed_order",
                 "hnsw.ef_search": str(self.ef_search),
             }
-            if self._is_big(owner):
+            if self.is_big(owner):
                 settings["enable_sort"] = "off"
         what = f"{'writing' if write else 'reading'} memories of {owner!r}"
         try:
-            with self._pooled(what) as raw:
+            with self.pooled(what) as raw:
                 cursors = []
                 # psycopg would sync after its own BEGIN and again after COMMIT: send both ourselves,
                 # queued with the statements, so that the pipeline's one sync is the one round trip
@@ -158,18 +173,18 @@ class Pipelined:
             raise storage_error(exc, what) from exc
 
     @contextmanager
-    def _pooled(self, what: str) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled psycopg connection, without SQLAlchemy's transaction: :meth:`_run` sends its own."""
+    def pooled(self, what: str) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled psycopg connection, without SQLAlchemy's transaction: :meth:`run` sends its own."""
         try:
             pooled = self.db.engine.raw_connection()  # checked out (and pinged if idle) as db.begin does
         except sa.exc.DBAPIError as exc:
             raise storage_error(exc, what) from exc
         try:
-            yield self._binary_vectors(pooled.driver_connection)  # type: ignore[arg-type]
+            yield self.binary_vectors(pooled.driver_connection)  # type: ignore[arg-type]
         finally:
             pooled.close()  # back to the pool, which rolls back whatever is left open
 
-    def _is_big(self, owner: str) -> bool:
+    def is_big(self, owner: str) -> bool:
         """Whether the owner has at least ``exact_below`` memories (learnt at most SIZE_HINT_SECONDS ago).
 
         Only the plan depends on it (exact, or through the index), never which rows may be seen.
@@ -177,7 +192,7 @@ class Pipelined:
         hint = self._big.get(owner)
         if hint is None or time.monotonic() - hint[1] > SIZE_HINT_SECONDS:
             count = Statement(q.OWNER_SIZE, {"owner": owner})
-            rows = self._run(owner, [count], write=False)[0]
+            rows = self.run(owner, [count], write=False)[0]
             if len(self._big) > 10_000:
                 self._big.clear()
             hint = self._big[owner] = (int(rows[0]["count"]) >= self.exact_below, time.monotonic())

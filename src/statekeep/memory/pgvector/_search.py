@@ -7,9 +7,9 @@ partition.
 
 from __future__ import annotations
 
-from statekeep.memory._pgsql import SELECT_COLUMNS, TABLE, TIES, WORDS, literal, vector_expr
 from statekeep.memory._rows import to_us
 from statekeep.memory._types import Filters
+from statekeep.memory.pgvector._sql import SELECT_COLUMNS, TABLE, TIES, WORDS, literal, vector_expr
 
 
 def scope_where(now_us: int | None, filters: Filters | None) -> tuple[str, dict[str, object]]:
@@ -118,8 +118,8 @@ _QUOTED_LEXEME = r"'''' || replace(replace(lexeme, '\', '\\'), '''', '''''') || 
 _IDF = "CAST(power(ln(1 + (n.n - df.c + 0.5) / (df.c + 0.5)), 2) AS double precision)"
 #: The first kept words are ranked each by one call in the row's expression; more, by a subquery.
 _WORD_SLOTS = 8
-#: Only this many memories, the best by the plain ``ts_rank`` of the kept words, are weighted (the rest
-#: cost time: p90 of a hybrid search at 10,000 memories 24 -> 21 ms, the same development recall).
+#: Only this many memories, the best by the plain ``ts_rank`` of the kept words, are weighted: the rest
+#: cost time and change no recall (figures in docs/memory.md, backends).
 RERANKED = 200
 
 

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from statekeep.db import Migration
 from statekeep.memory._dedupe import identity
-from statekeep.memory._irregular import sql_function
+from statekeep.memory.recall._irregular import sql_function
 
 SCHEMA = "statekeep_memory"
 TABLE = f"{SCHEMA}.memories"
@@ -28,8 +28,8 @@ PARTITIONS = 16
 OWNER_SETTING = "statekeep.owner"
 #: The write order of memories (``seq``): search breaks ties by content, then by it.
 SEQUENCE = f"{SCHEMA}.memory_seq"
-#: HNSW build effort: 32 (pgvector's default is 64) doubles write throughput; searches use
-#: ef_search=100 and iterative scans, which keep recall@10 above 0.95 (see bench/memory.py).
+#: HNSW build effort, below pgvector's default (64) for write throughput; searches use ef_search=100
+#: and iterative scans to keep recall (bench/memory.py; figures in docs/memory.md, backends).
 EF_CONSTRUCTION = 32
 #: Columns whose values could identify an owner's data are never sampled by ANALYZE,
 #: so no copy of them lands in pg_statistic, which erasure does not rewrite.
@@ -63,7 +63,7 @@ INSERT_UNLESS_SAME = (
 LOCK_IDENTITIES = "SELECT pg_advisory_xact_lock(k) FROM unnest(CAST(:keys AS bigint[])) AS k"
 #: The write order of memories just inserted.
 SEQS = f"SELECT id, seq FROM {TABLE} WHERE owner = :owner AND id = ANY(:ids)"
-#: The transactions of ``PgVectorMemoryStore._run``, as ``Database.read`` and ``begin`` open them.
+#: The transactions of ``Pipeline.run`` (:mod:`._pipeline`), as ``Database.read`` and ``begin`` open them.
 BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 #: Each statement of a write sees what was committed before it began (INSERT_UNLESS_SAME relies on it).
 BEGIN_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
@@ -202,8 +202,8 @@ GIN_PENDING_KB = 64
 def _short_pending_list(conn: Connection) -> None:
     """Each partition's full-text index keeps at most ``GIN_PENDING_KB`` of pending entries; flush them now.
 
-    With PostgreSQL's default (4 MB), a search right after a bulk write of 10,000 memories
-    took 170 ms until autovacuum came by, against 20 ms; writes take about as long.
+    With PostgreSQL's default (4 MB), a search right after a bulk write is slow until autovacuum
+    comes by (figures in docs/memory.md, backends).
     """
     of_each = (
         "SELECT CAST(CAST(inhrelid AS regclass) AS text) FROM pg_inherits "

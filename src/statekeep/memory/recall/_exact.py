@@ -1,7 +1,7 @@
 """Exact nearest neighbours over a matrix of one owner's vectors, shared by the in-process searches.
 
 Scores are cosines (stored vectors and queries are unit length). Two memories
-with the same vector must score exactly alike, so that :func:`base.rank_key`
+with the same vector must score exactly alike, so that :func:`._ranking.rank_key`
 decides their tie: a BLAS product may sum a row differently by its position,
 so it only picks the candidates (everything within a hair of the k-th), and
 the candidates are scored again row by row in float64.
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from statekeep.memory import base
 from statekeep.memory._types import Memory, SearchResult
 from statekeep.memory.embedders import Vectors
+from statekeep.memory.recall._ranking import rank_key
 
 #: Far wider than the rounding of a float32 dot product of unit vectors (about 1e-6).
 _MARGIN = 1e-4
@@ -29,7 +29,7 @@ def nearest(
     k: int,
     mask: npt.NDArray[np.bool_] | None = None,
 ) -> list[SearchResult]:
-    """The ``k`` best of ``memories`` (rows of ``matrix``) by :func:`base.rank_key`; ``mask`` keeps rows."""
+    """The ``k`` best of ``memories`` (rows of ``matrix``) by :func:`.rank_key`; ``mask`` keeps rows."""
     if not len(memories):
         return []
     # einsum's own loop, not BLAS: a threaded BLAS waits for a second core that a busy machine
@@ -52,4 +52,4 @@ def nearest(
     else:
         keep = np.arange(len(candidates))
     hits = [SearchResult(memories[int(candidates[i])], float(sims[i])) for i in keep]
-    return sorted(hits, key=base.rank_key)[:k]
+    return sorted(hits, key=rank_key)[:k]
