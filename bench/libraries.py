@@ -13,14 +13,14 @@ A part whose library is missing is skipped with a message saying what to install
 parts, each on the project's own data (the phrases and texts of its tests and, when the
 retrieval benchmark's datasets are cached or reachable, LoCoMo and LongMemEval):
 
-* ``irregular`` (:mod:`statekeep.memory._irregular`): how many of the table's
+* ``irregular`` (:mod:`statekeep.memory.recall._irregular`): how many of the table's
   (form, base) pairs lemminflect, PyStemmer's Snowball stemmer and PostgreSQL's
   dictionaries (``english_stem``; the list of dictionaries an embedded PostgreSQL
   ships) give; what lemminflect reads as another word that the table leaves as it
   is; the full-text words of the tests' memories and queries; full-text (BM25)
   recall@10 on both datasets with no table, the table and lemminflect in its place;
   time per word and per memory, import time;
-* ``dates`` (:mod:`statekeep.memory._when`): the phrases of ``tests/memory/test_when.py``,
+* ``dates`` (:mod:`statekeep.memory.recall._when`): the phrases of ``tests/memory/test_when.py``,
   one phrase per kind the module's docstring lists, and the datasets' questions, read by
   ``dateparser.search.search_dates`` at the same ``now``: a phrase agrees when both find
   no time, or dateparser's date falls in ``window``'s period; time per query, import time;
@@ -189,7 +189,7 @@ def _test_texts() -> tuple[list[str], list[str]]:
 def _bm25_recall(ds: Any, base: Any) -> dict[str, float]:
     """Full-text (BM25) recall@10 of ``ds``'s questions, each among its owner's turns, with ``base`` as
     ``_irregular.BASE``."""
-    from statekeep.memory import _bm25, _irregular
+    from statekeep.memory.recall import _bm25, _irregular
 
     kept = _irregular.BASE
     _irregular.BASE = base
@@ -244,7 +244,7 @@ def _postgres(base: dict[str, str]) -> dict[str, Any]:
 
 
 def irregular(runs: int, data: dict[str, Any]) -> dict[str, Any]:
-    from statekeep.memory import _bm25, _irregular
+    from statekeep.memory.recall import _bm25, _irregular
 
     lemminflect = need("lemminflect")
     stemmer = need("Stemmer", "PyStemmer").Stemmer("english")
@@ -315,12 +315,14 @@ def irregular(runs: int, data: dict[str, Any]) -> dict[str, Any]:
         len(memories) + len(queries)
     )
     out["import_s"] = {
-        "_irregular": import_time("statekeep.memory._irregular", runs, after="import statekeep.memory"),
+        "_irregular": import_time(
+            "statekeep.memory.recall._irregular", runs, after="import statekeep.memory"
+        ),
         "lemminflect": import_time("lemminflect", runs),
     }
     out["first_call_process_s"] = {
         "_irregular": process_wall(
-            "from statekeep.memory._irregular import base_forms; base_forms('I went')", runs
+            "from statekeep.memory.recall._irregular import base_forms; base_forms('I went')", runs
         ),
         "lemminflect": process_wall("import lemminflect; lemminflect.getAllLemmas('went')", runs),
         "floor (import statekeep.memory)": process_wall("import statekeep.memory", runs),
@@ -374,7 +376,7 @@ def _test_phrases() -> tuple[list[str], list[str]]:
 def dates(runs: int, data: dict[str, Any]) -> dict[str, Any]:
     from tests.memory.test_when import NOW
 
-    from statekeep.memory._when import window
+    from statekeep.memory.recall._when import window
 
     search = need("dateparser.search", "dateparser")
 
@@ -423,13 +425,13 @@ def dates(runs: int, data: dict[str, Any]) -> dict[str, Any]:
         "dateparser": median_call(lambda: [found(p, NOW) for p in phrases], max(1, runs // 2)) / len(phrases),
     }
     out["import_s"] = {
-        "_when": import_time("statekeep.memory._when", runs, after="import statekeep.memory"),
+        "_when": import_time("statekeep.memory.recall._when", runs, after="import statekeep.memory"),
         "dateparser": import_time("dateparser", runs),
     }
     now = "__import__('datetime').datetime(2023, 4, 1)"
     out["first_call_process_s"] = {
         "_when": process_wall(
-            f"from statekeep.memory._when import window; window('a week ago', {now})", runs
+            f"from statekeep.memory.recall._when import window; window('a week ago', {now})", runs
         ),
         "dateparser": process_wall(
             "from dateparser.search import search_dates; "

@@ -257,8 +257,42 @@ def test_no_class_of_a_store_inherits_a_non_contract_class_of_its_own_package(st
             for base in cls.__bases__:
                 if not base.__module__.startswith(package):
                     continue
-                contract = ABC in base.__bases__  # the store's contract, declared abstract itself
+                # the store's contract: its base module's, or a class declared abstract itself
+                contract = base.__module__ == f"{package}.base" or ABC in base.__bases__
                 record = base.__module__.endswith("._types") or issubclass(base, BaseModel | Exception)
                 if not (contract or record):
                     offenders.append(f"{name}.{cls.__name__}({base.__module__}.{base.__name__})")
     assert offenders == []
+
+
+def test_every_store_is_declared_once_in_the_one_list() -> None:
+    """Each StoreSpec in the package is named by statekeep.stores, and each store's name once."""
+    from statekeep.stores import DECLARATIONS
+
+    declared: list[str] = []
+    for name, path in _all_modules().items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.AnnAssign | ast.Assign) and "StoreSpec(" in ast.unparse(
+                node.value or node
+            ):
+                target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
+                declared.append(f"{name}:{ast.unparse(target)}")
+    assert sorted(declared) == sorted(DECLARATIONS.values())
+    assert {"context", "working", "workflow", "memory", "keys", "agents", "langgraph"} <= set(DECLARATIONS)
+
+
+CROSS_CUTTING = ["erasure", "keys.reseal", "_open", "cli.upkeep", "web.stores", "runtime.core"]
+
+
+@pytest.mark.parametrize("module", CROSS_CUTTING)
+def test_cross_cutting_work_reads_the_list_not_the_stores_tables(module: str) -> None:
+    """Erasure, re-sealing, upgrade, opening, the runtime and the console import no declaring module."""
+    from statekeep.stores import DECLARATIONS
+
+    declaring = {path.partition(":")[0] for path in DECLARATIONS.values()} - {"statekeep.stores"}
+    path = SRC.joinpath(*module.split(".")).with_suffix(".py")
+    imported = {m for m, _ in _runtime_imports(path)}
+    imported |= {f"{m}.{n}" for m, names in _runtime_imports(path) for n in names}
+    # keys.reseal re-seals with its own package's ring; the runtime and the CLI write the audit log
+    own = f"statekeep.{module.rpartition('.')[0]}." if "." in module else "statekeep.audit"
+    assert {m for m in imported & declaring if not m.startswith(own) and m != "statekeep.audit"} == set()

@@ -30,7 +30,7 @@ from statekeep.config import Settings
 from statekeep.integrations.langgraph import StatekeepSaver, StatekeepStore
 from statekeep.integrations.langgraph._tables import SCHEMA, blobs, checkpoints, threads, writes
 from statekeep.integrations.langgraph.store import REGISTRY
-from statekeep.memory.lancedb import decode_folder
+from statekeep.memory.lancedb._files import decode_folder
 from statekeep.runtime import Runtime
 from tests.privacy.scan import folder_files, plain_hits, postgres_files, sqlite_files
 

@@ -37,6 +37,8 @@ class Dialect:
     keeps_dead_rows = False
     #: What an erasure cannot reach on this backend, said plainly (an erasure receipt's lines).
     not_reached: tuple[str, ...] = ()
+    #: True where the pgvector extension can hold memories' vectors (PostgreSQL).
+    holds_pgvector = False
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments for ``create_engine`` (the connection pool's size)."""
@@ -243,6 +245,7 @@ class PostgresDialect(Dialect):
     async_driver = "postgresql+psycopg"
     async_module = "psycopg"
     keeps_dead_rows = True
+    holds_pgvector = True
     not_reached = (
         "PostgreSQL's write-ahead log (pg_wal) until its segments are recycled, WAL archives, and "
         "replicas: they hold the deleted rows (payloads sealed) and the owner's wrapped data key",

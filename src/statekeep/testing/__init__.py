@@ -25,9 +25,10 @@ import pytest
 pytest.register_assert_rewrite(*(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__)))
 
 from statekeep.testing._context_kit import ContextStoreFactory  # noqa: E402
+from statekeep.testing._memory_kit import MemoryStoreFactory  # noqa: E402
 from statekeep.testing._workflow_kit import WorkflowStoreFactory  # noqa: E402
 from statekeep.testing.context import ContextStoreSuite  # noqa: E402
-from statekeep.testing.memory import MemoryStoreFactory, MemoryStoreSuite  # noqa: E402
+from statekeep.testing.memory import MemoryStoreSuite  # noqa: E402
 from statekeep.testing.workflow import WorkflowStoreSuite  # noqa: E402
 from statekeep.testing.working import WorkingStateStoreFactory, WorkingStateStoreSuite  # noqa: E402
 

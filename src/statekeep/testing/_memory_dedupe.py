@@ -13,7 +13,7 @@ import pytest
 from statekeep.errors import ConflictError
 from statekeep.memory import Embedder, Memory, MemoryStore, Provenance
 from statekeep.memory.embedders import Vectors
-from statekeep.testing._memory_kit import FACTS, MemoryStoreFactory, _Clock
+from statekeep.testing._memory_kit import FACTS, Clock, MemoryStoreFactory
 
 
 class _Slow:
@@ -139,7 +139,7 @@ class DedupeSuite:
         self, make_store: MemoryStoreFactory, embedder: Embedder
     ) -> None:
         """A superseded or expired memory is no longer the fact: the same text is stored again."""
-        clock = _Clock()
+        clock = Clock()
         store = make_store(embedder, clock=clock)
         old = store.remember("alice", "Alice lives in Lisbon.")
         store.supersede("alice", old.id, "Alice moved to Porto.")

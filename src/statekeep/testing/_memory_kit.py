@@ -22,7 +22,7 @@ FACTS = [
 HOSTILE_OWNERS = ["a' OR '1'='1", "%", "_", "../x", "a\\", "b\\' OR 1=1 --", "*", "' ; DROP TABLE x; --"]
 
 
-class _Clock:
+class Clock:
     """A clock a test can move."""
 
     def __init__(self) -> None:

@@ -27,7 +27,7 @@ from statekeep.memory import (
 from statekeep.memory._backend import PRIMITIVES, Capability
 from statekeep.testing._memory_dedupe import DedupeSuite
 from statekeep.testing._memory_exact import ExactSuite
-from statekeep.testing._memory_kit import FACTS, HOSTILE_OWNERS, MemoryStoreFactory, _Clock
+from statekeep.testing._memory_kit import FACTS, HOSTILE_OWNERS, Clock, MemoryStoreFactory
 
 
 class MemoryStoreSuite(DedupeSuite, ExactSuite):
@@ -136,7 +136,7 @@ class MemoryStoreSuite(DedupeSuite, ExactSuite):
         self, make_store: MemoryStoreFactory, embedder: Embedder
     ) -> None:
         """Every filter narrows the results to exactly the memories that pass it, in both search modes."""
-        clock = _Clock()
+        clock = Clock()
         store = make_store(embedder, clock=clock)
         a = store.remember(
             "o",
@@ -295,7 +295,7 @@ class MemoryStoreSuite(DedupeSuite, ExactSuite):
         self, make_store: MemoryStoreFactory, embedder: Embedder
     ) -> None:
         """An expired memory is invisible to search, get and list; purge_expired deletes it for good."""
-        clock = _Clock()
+        clock = Clock()
         store = make_store(embedder, clock=clock)
         short = store.remember("alice", "Alice is in a meeting until noon.", ttl=timedelta(hours=1))
         keep = store.remember("alice", "Alice's dog is called Rex.")

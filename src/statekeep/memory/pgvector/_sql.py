@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from statekeep.db import Migration
+from statekeep.db.dialects import no_statistics
 from statekeep.memory._dedupe import identity
 from statekeep.memory.recall._irregular import sql_function
 
@@ -103,8 +104,7 @@ def _create(conn: Connection) -> None:
     conn.exec_driver_sql(f"CREATE INDEX memories_tsv ON {TABLE} USING gin (tsv)")
     conn.exec_driver_sql(f"CREATE INDEX memories_expiry ON {TABLE} (expires_us) WHERE expires_us IS NOT NULL")
     conn.exec_driver_sql(f"CREATE INDEX memories_model ON {TABLE} (model)")
-    for column in PRIVATE_COLUMNS:
-        conn.exec_driver_sql(f"ALTER TABLE {TABLE} ALTER COLUMN {column} SET STATISTICS 0")
+    no_statistics(conn, SCHEMA, {"memories": PRIVATE_COLUMNS})
 
 
 def partitions(table: str) -> list[str]:
@@ -149,8 +149,7 @@ def _dedupe_and_order(conn: Connection) -> None:
         "ALTER COLUMN seq SET NOT NULL"
     )
     conn.exec_driver_sql(f"CREATE INDEX memories_dedupe ON {TABLE} (owner, dedupe_key)")
-    for column in ("key", "dedupe_key"):
-        conn.exec_driver_sql(f"ALTER TABLE {TABLE} ALTER COLUMN {column} SET STATISTICS 0")
+    no_statistics(conn, SCHEMA, {"memories": ("key", "dedupe_key")})
 
 
 #: Every column of an index expression in the memory schema (the HNSW indexes, partitions' included):
@@ -260,8 +259,8 @@ def _count_words(conn: Connection) -> None:
         "PRIMARY KEY (owner, word)) PARTITION BY HASH (owner)"
     )
     _partition(conn, WORDS)  # the same partitions as the memories: erasing an owner rewrites one of each
-    for column in ("owner", "word", "memories"):  # an owner's count of memories would be a sample too
-        conn.exec_driver_sql(f"ALTER TABLE {WORDS} ALTER COLUMN {column} SET STATISTICS 0")
+    # an owner's count of memories would be a sample too
+    no_statistics(conn, SCHEMA, {"memory_words": ("owner", "word", "memories")})
     conn.exec_driver_sql(RECOUNT)
     _grant_like_memories(conn)
     conn.exec_driver_sql(_COUNT_REMOVED)
@@ -314,7 +313,7 @@ def _grant_like_memories(conn: Connection) -> None:
 def _sentences(conn: Connection) -> None:
     """A vector per sentence of a short memory (:mod:`._sentences`), null for the memories written before."""
     conn.exec_driver_sql(f"ALTER TABLE {TABLE} ADD COLUMN sentences vector[]")
-    conn.exec_driver_sql(f"ALTER TABLE {TABLE} ALTER COLUMN sentences SET STATISTICS 0")
+    no_statistics(conn, SCHEMA, {"memories": ("sentences",)})
 
 
 #: A memory's text vector: its words (English stemming, stop words dropped) and the base forms of its

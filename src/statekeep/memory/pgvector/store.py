@@ -88,7 +88,7 @@ class PgVectorMemoryStore(MemoryStore):
         check_int(ef_search, "ef_search", minimum=1, maximum=1_000)
         check_int(exact_below, "exact_below")
         self.db = db if isinstance(db, Database) else Database(db, setting="STATEKEEP_MEMORY_URL")
-        if self.db.name != "postgresql":
+        if not self.db.dialect.holds_pgvector:
             raise ConfigError(
                 self.db.setting, str(self.db.url), "pgvector memory needs a PostgreSQL database"
             )
