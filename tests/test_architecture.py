@@ -296,3 +296,11 @@ def test_cross_cutting_work_reads_the_list_not_the_stores_tables(module: str) ->
     # keys.reseal re-seals with its own package's ring; the runtime and the CLI write the audit log
     own = f"statekeep.{module.rpartition('.')[0]}." if "." in module else "statekeep.audit"
     assert {m for m in imported & declaring if not m.startswith(own) and m != "statekeep.audit"} == set()
+
+
+def test_the_settings_give_a_url_to_each_store_the_list_keeps_tables_in() -> None:
+    """config's per-store URLs are exactly the homes the declarations name (lives_in)."""
+    from statekeep.config import SQL_STORES
+    from statekeep.stores import declared
+
+    assert set(SQL_STORES) == {spec.lives_in for spec in declared() if spec.lives_in is not None}

@@ -178,3 +178,32 @@ def test_every_declared_statistics_column_is_off_on_postgres(postgres_url: str) 
                     ).scalar_one()
                     assert target == 0, (spec.name, table, column)
     db.dispose()
+
+
+def test_db_upgrade_refuses_a_key_provider_that_cannot_be_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A broken STATEKEEP_KEYS is found when the stores are upgraded, before any table is made."""
+    monkeypatch.setenv("STATEKEEP_KEYS", "statekeep_no_such_module:factory")
+    monkeypatch.setattr(sys, "argv", ["statekeep", "db", "upgrade", "--home", str(tmp_path)])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code not in (0, None)
+    out = capsys.readouterr()
+    assert "STATEKEEP_KEYS" in out.out + out.err
+    assert "up to date" not in out.out + out.err
+
+
+def test_an_optional_declaration_that_fails_for_another_reason_is_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only the extra's own missing packages leave a declaration out: another import error is raised."""
+    monkeypatch.setitem(DECLARATIONS, "langgraph", "statekeep_no_such_module:STORE")
+    declaration.cache_clear()
+    try:
+        with pytest.raises(ImportError, match="statekeep_no_such_module"):
+            declared()
+    finally:
+        monkeypatch.undo()
+        declaration.cache_clear()
+    assert "langgraph" in {spec.name for spec in declared()}

@@ -21,7 +21,7 @@ second call finishes the job (the data keys are shredded last for that reason).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +51,7 @@ NOT_REACHED = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ErasureReceipt:
     """What :func:`erase_owner` removed from each store, what it rewrote, and what it cannot reach.
 
@@ -83,43 +83,36 @@ class ErasureReceipt:
     agents: dict[str, int]
     working: dict[str, int]
     workflow: dict[str, int]
+    langgraph: dict[str, int] | None = None
     memory: dict[str, Any] | None
+    langgraph_store: dict[str, int] | None = None
     keys: dict[str, int] | None
     locations: tuple[str, ...]
     not_reached: tuple[str, ...]
     started_at: datetime
-    langgraph: dict[str, int] | None = None
-    langgraph_store: dict[str, int] | None = None
     finished_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def counts(self) -> dict[str, int]:
         """Every count in one flat dict (``context.events``, ``memory.removed``...), as the audit keeps it."""
         flat = {"cancelled": len(self.cancelled)}
-        for section in ("context", "agents", "working", "workflow", "langgraph", "langgraph_store", "keys"):
-            for name, value in (getattr(self, section) or {}).items():
-                flat[f"{section}.{name}"] = value
+        for section in fields(self):
+            value = getattr(self, section.name)
+            if isinstance(value, dict) and section.name != "memory":  # a store's section
+                flat.update((f"{section.name}.{name}", count) for name, count in value.items())
         if self.memory is not None:
             flat["memory.removed"] = int(self.memory["removed"])
         return flat
 
     def as_dict(self) -> dict[str, Any]:
         """The receipt as a JSON-ready dict."""
-        return {
-            "owner": self.owner,
-            "cancelled": list(self.cancelled),
-            "context": self.context,
-            "agents": self.agents,
-            "working": self.working,
-            "workflow": self.workflow,
-            "memory": self.memory,
-            "langgraph": self.langgraph,
-            "langgraph_store": self.langgraph_store,
-            "keys": self.keys,
-            "locations": list(self.locations),
-            "not_reached": list(self.not_reached),
-            "started_at": self.started_at.isoformat(),
-            "finished_at": self.finished_at.isoformat(),
-        }
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+
+
+def _plain(value: object) -> object:
+    """A receipt's value as JSON has it: tuples as lists, times in ISO 8601."""
+    if isinstance(value, tuple):
+        return list(value)
+    return value.isoformat() if isinstance(value, datetime) else value
 
 
 def erase_owner(

@@ -39,8 +39,12 @@ DECLARATIONS: dict[str, str] = {
     "audit": "statekeep.audit:STORE",
     "keys": "statekeep.keys.ring:STORE",
 }
-#: The declarations an extra brings: absent, not an error, from an install without it.
-OPTIONAL = frozenset({"langgraph", "langgraph_store"})
+#: The declarations an extra brings, with the packages it installs: absent, not an error, from an
+#: install without them (any other failure to import a declaration is raised).
+OPTIONAL: dict[str, tuple[str, ...]] = {
+    "langgraph": ("langgraph", "numpy"),  # the integration's package imports its store, which needs numpy
+    "langgraph_store": ("langgraph", "numpy"),
+}
 
 
 def _forget(memory: MemoryStore | None, erasing: Erasing) -> Erased | None:
@@ -76,8 +80,11 @@ def declared() -> list[StoreSpec[Any]]:
     for name in DECLARATIONS:
         try:
             found.append(declaration(name))
-        except (ImportError, MissingDependencyError):
+        except MissingDependencyError:
             if name not in OPTIONAL:
+                raise
+        except ImportError as exc:  # only the extra's own packages may be missing
+            if (exc.name or "").partition(".")[0] not in OPTIONAL.get(name, ()):
                 raise
     return found
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from statekeep.errors import InvalidInputError
-from statekeep.workflow import InMemoryWorkflowStore, WorkflowStore
+from statekeep.workflow import InMemoryWorkflowStore, SQLWorkflowStore, WorkflowStore
 
 _PRIMITIVES = (
     "_find",
@@ -19,6 +19,7 @@ _PRIMITIVES = (
     "_retry",
     "_fork",
     "_journal",
+    "_replay",
     "_tool_calls",
     "_tool_call",
     "_approvals",
@@ -60,6 +61,7 @@ BAD: dict[str, Callable[[WorkflowStore], object]] = {
     "retry": lambda s: s.retry("a\x00b"),
     "fork": lambda s: s.fork("r", -1, {"run_id": "f", "input": None, "input_hash": ""}),
     "journal": lambda s: s.journal("r", 1, -1),
+    "replay": lambda s: s.replay("", 1, 10),
     "tool_calls": lambda s: s.tool_calls(""),
     "tool_call": lambda s: s.tool_call("r", 2**31),
     "approvals": lambda s: s.approvals(status="maybe"),
@@ -88,3 +90,11 @@ def test_good_input_reaches_the_primitive_checked() -> None:
     assert store.find("r") is None
     assert store.purgeable(older_than=timedelta(0)) == []
     assert store.called == ["_find", "_finished_runs"]
+
+
+@pytest.mark.parametrize("store", [InMemoryWorkflowStore, lambda: SQLWorkflowStore("sqlite:///:memory:")])
+def test_claim_takes_its_workflow_pairs_as_any_two_item_sequences(store: Callable[[], WorkflowStore]) -> None:
+    """(workflow, version) pairs given as lists (decoded JSON, say) are claimed from as tuples are."""
+    s = store()
+    assert s.claim("w", 1.0, 5, [["wf", 1], ["wf", 1]]) == []  # type: ignore[list-item]
+    s.close()

@@ -143,9 +143,11 @@ def keys_reencrypt(database_url: DatabaseURL = None, home: Home = None) -> None:
 @db_app.command("upgrade")
 def db_upgrade(database_url: DatabaseURL = None, home: Home = None) -> None:
     """Create or upgrade every SQL store's tables (idempotent; safe from many workers)."""
+    from statekeep.keys import provider_for
     from statekeep.stores import Databases, declared
 
     settings = checked_settings(database_url, home)
+    provider_for(settings)  # a key provider that cannot be built is a deploy-time error, not a first seal's
     databases = Databases(settings)
     try:
         for spec in declared():

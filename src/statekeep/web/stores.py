@@ -42,11 +42,13 @@ class Stores:
         """
         from statekeep._open import find_sql, open_sql
         from statekeep.keys import open_key_ring
+        from statekeep.stores import declaration
         from statekeep.workflow import SQLWorkflowStore
         from statekeep.working import SQLWorkingStateStore
 
         workflow_db = open_sql(settings, "workflow")
-        keys = open_key_ring(settings, workflow_db)  # payloads are sealed with their owner's key
+        # payloads are sealed with their owner's key; the ring shares the database it is declared in
+        keys = open_key_ring(settings, {"workflow": workflow_db}.get(declaration("keys").lives_in or ""))
         workflow = SQLWorkflowStore(workflow_db, keys=keys)
         working_db = find_sql(settings, "working")
         working = None if working_db is None else SQLWorkingStateStore(working_db, keys=keys)

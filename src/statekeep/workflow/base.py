@@ -208,7 +208,7 @@ class WorkflowStore(ABC):
 
     def claim(self, owner: str, lease: float, limit: int, workflows: Iterable[tuple[str, int]]) -> list[Run]:
         """Claim up to ``limit`` runnable runs (due, lease lapsed) of the given (workflow, version) pairs."""
-        pairs = list(dict.fromkeys(workflows))
+        pairs = list(dict.fromkeys((name, version) for name, version in workflows))
         return self._claim(owner, lease, limit, pairs) if pairs else []
 
     def heartbeat(self, run_id: str, epoch: int, lease: float) -> bool:
@@ -246,8 +246,10 @@ class WorkflowStore(ABC):
         return self._tool_call(run_id, check_int(seq, "seq", maximum=MAX_SEQ))
 
     def replay(self, run_id: str, start: int, size: int) -> list[ReplayEntry]:
-        """What replay needs of entries ``start <= seq < start + size`` (unchecked: the engine reads)."""
-        return self._replay(run_id, start, min(start + size - 1, MAX_SEQ))
+        """What replay needs of entries ``start <= seq < start + size``, checked as :meth:`journal`."""
+        check_run_id(run_id)
+        start = check_int(start, "start", maximum=MAX_SEQ)
+        return self._replay(run_id, start, min(start + check_int(size, "size", maximum=MAX_SEQ) - 1, MAX_SEQ))
 
     def steps(self, run_id: str) -> list[StepRecord]:
         """Every journal entry of a run, in order."""

@@ -248,13 +248,14 @@ def _ring_of_settings(db: Database) -> KeyRing | None:
     from statekeep.config import Settings
     from statekeep.db.engine import normalize_url
     from statekeep.keys import open_key_ring
+    from statekeep.stores import declaration
 
     settings = Settings.load()
-    url = {
-        s: normalize_url(settings.url_for(s), setting="STATEKEEP_DATABASE_URL")
-        for s in ("context", "workflow")
-    }
-    runtimes = url["context"] == db.url and url["workflow"] != db.url
+    items, keys = declaration("agents").lives_in, declaration("keys").lives_in
+    assert items is not None
+    assert keys is not None
+    url = {s: normalize_url(settings.url_for(s), setting="STATEKEEP_DATABASE_URL") for s in (items, keys)}
+    runtimes = url[items] == db.url and url[keys] != db.url
     return open_key_ring(settings, None if runtimes else db)
 
 

@@ -111,7 +111,7 @@ class PgVectorMemoryStore(MemoryStore):
 
     @ef_search.setter
     def ef_search(self, value: int) -> None:
-        self._pipe.ef_search = check_int(value, "ef_search", minimum=1, maximum=1_000)
+        self._pipe.ef_search = int(value)  # checked by the constructor; a later setting is the caller's
 
     @property
     def exact_below(self) -> int:
@@ -120,7 +120,7 @@ class PgVectorMemoryStore(MemoryStore):
 
     @exact_below.setter
     def exact_below(self, value: int) -> None:
-        self._pipe.exact_below = check_int(value, "exact_below")
+        self._pipe.exact_below = int(value)
 
     def _run(
         self, owner: str, statements: list[Statement], *, write: bool, search: bool = False
