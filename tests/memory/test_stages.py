@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+import dataclasses
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -11,22 +12,16 @@ from statekeep.errors import InvalidInputError
 from statekeep.memory import FakeEmbedder, InMemoryMemoryStore, Memory, Provenance, SearchResult
 from statekeep.memory.recall._ranking import STAGES, Fusion, fuse_scores
 
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
+from .test_fusion import NOW
+from .test_fusion import memory as fusion_memory
+
 WINDOW = (NOW - timedelta(days=1), NOW + timedelta(days=1))
 
 
 def memory(n: int, content: str, session: str, speaker: str, days: int) -> Memory:
-    return Memory(
-        id=f"m{n}",
-        owner="o",
-        content=content,
-        kind="episodic",
-        tags=(),
-        metadata={"speaker": speaker},
-        provenance=Provenance("imported", session_id=session),
-        model="test",
-        created_at=NOW - timedelta(days=days),
-        seq=n,
+    """test_fusion's memory, written ``days`` before NOW."""
+    return dataclasses.replace(
+        fusion_memory(n, content, session, speaker), created_at=NOW - timedelta(days=days)
     )
 
 
