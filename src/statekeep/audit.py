@@ -75,9 +75,7 @@ MIGRATIONS = [Migration(1, "audit_log, append-only", _create)]
 
 #: The audit log keeps the records of an erased owner (ids and counts, never content) as the
 #: proof of the erasure: nothing to erase.
-STORE: StoreSpec[Database] = StoreSpec(
-    "audit", lives_in="workflow", schema=SCHEMA, metadata=metadata, migrations=MIGRATIONS
-)
+STORE: StoreSpec[Database] = StoreSpec("audit", metadata, MIGRATIONS, lives_in="workflow")
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,11 +74,6 @@ def enabled() -> bool:
     return trace is not None
 
 
-def api() -> Any:
-    """The OpenTelemetry trace API (``opentelemetry.trace``), or None when it is not installed."""
-    return trace
-
-
 def recording() -> bool:
     """True when spans may go somewhere: a tracer provider (an SDK) has been set.
 
@@ -171,7 +166,6 @@ def context_built(current: Any, report: ContextReport) -> None:
 
 __all__ = [
     "NO_SPAN",
-    "api",
     "clean",
     "context_built",
     "enabled",
@@ -181,5 +175,6 @@ __all__ = [
     "outcome",
     "recording",
     "span",
+    "trace",  # the OpenTelemetry trace API, None without it: read at call time (tests switch it off)
     "tracer",
 ]

@@ -127,11 +127,16 @@ def keys_reencrypt(database_url: DatabaseURL = None, home: Home = None) -> None:
     keys = open_key_ring(settings)
     if keys is None:
         raise InvalidInputError("encryption is off (STATEKEEP_KEYS=none)", field="STATEKEEP_KEYS")
-    from statekeep.stores import declared
+    from statekeep.stores import Databases, declared
 
-    # every store that declares sealed columns, at the URL of the store its tables live in
-    urls = {s.name: settings.url_for(s.lives_in) for s in declared() if s.sealed and s.lives_in}
-    report = reencrypt(keys, urls)
+    # every store that declares sealed columns, in the database of the store its tables live in
+    databases = Databases(settings)
+    try:
+        report = reencrypt(
+            keys, {s.name: databases.of(s.name) for s in declared() if s.sealed and s.lives_in}
+        )
+    finally:
+        databases.dispose()
     record_audit(database_url, home, "reencrypt", None, report)
     console.print_json(json.dumps(report))
     keys.db.dispose()

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from statekeep.db import Database, Migration
-from statekeep.db.catalog import Erased, Erasing, StoreSpec
+from statekeep.db.catalog import StoreSpec, by_owner
 from statekeep.db.dialects import no_statistics, schema_for
 from statekeep.db.migrations import create_tables
 from statekeep.db.types import UTCDateTime
@@ -113,20 +113,8 @@ MIGRATIONS = [
 ]
 
 
-def _erase(store: ContextStore | None, erasing: Erasing) -> Erased | None:
-    """The owner's sessions, with their events and summaries."""
-    return None if store is None else Erased(store.delete_owner(erasing.owner))
-
-
 STORE: StoreSpec[ContextStore] = StoreSpec(
-    "context",
-    lives_in="context",
-    schema=SCHEMA,
-    metadata=metadata,
-    migrations=MIGRATIONS,
-    sealed=SEALED,
-    no_statistics=NO_STATISTICS,
-    erase=_erase,
+    "context", metadata, MIGRATIONS, sealed=SEALED, no_statistics=NO_STATISTICS, erase=by_owner
 )
 
 

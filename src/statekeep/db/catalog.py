@@ -11,7 +11,7 @@ the stores.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import sqlalchemy as sa
@@ -68,13 +68,12 @@ class StoreSpec(Generic[H]):
     Attributes:
         name: The store's name: its migration table (``<name>_migrations``), its section of an
             erasure receipt, its key in :func:`statekeep.keys.reencrypt`'s report.
-        lives_in: The SQL store whose URL (and database) holds the tables: the store itself for
-            ``context``, ``working`` and ``workflow``; ``workflow`` for the key ring, the audit
-            log and the LangGraph saver; ``context`` for the Agents SDK items. None without SQL
-            tables of its own (memory, at ``STATEKEEP_MEMORY_URL``).
-        schema: The SQL schema of its tables (PostgreSQL; mapped away on SQLite).
-        metadata: Its tables.
+        metadata: Its tables, in the schema of its own (PostgreSQL; mapped away on SQLite).
         migrations: Its numbered migrations; ``statekeep db upgrade`` applies them.
+        lives_in: The SQL store whose URL (and database) holds the tables: by default the store
+            itself when it has tables (``context``, ``working``, ``workflow``); ``workflow`` for
+            the key ring, the audit log and the LangGraph saver; ``context`` for the Agents SDK
+            items. None without SQL tables of its own (memory, at ``STATEKEEP_MEMORY_URL``).
         sealed: ``{table: columns}`` holding values sealed with an owner's data key; re-sealed
             after a key rotation.
         no_statistics: ``{table: columns}`` that PostgreSQL's ANALYZE must not sample into
@@ -89,15 +88,24 @@ class StoreSpec(Generic[H]):
     """
 
     name: str
-    lives_in: str | None = None
-    schema: str | None = None
     metadata: sa.MetaData | None = None
     migrations: Sequence[Migration] = ()
+    _: KW_ONLY
+    lives_in: str | None = None
     sealed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     no_statistics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     erase: Eraser[H] | None = None
     part_of: str | None = None
     enabled: Callable[[Settings], bool] | None = None
+
+    def __post_init__(self) -> None:
+        if self.lives_in is None and self.metadata is not None:  # a store's tables live with it
+            object.__setattr__(self, "lives_in", self.name)
+
+    @property
+    def schema(self) -> str | None:
+        """The SQL schema of its tables (their metadata's), None without tables."""
+        return None if self.metadata is None else self.metadata.schema
 
     def table(self, name: str) -> sa.Table:
         """One of the declared tables, by its name without the schema."""
@@ -113,3 +121,8 @@ class StoreSpec(Generic[H]):
         """The store's schema version in ``db``, 0 where it was never created."""
         assert self.schema is not None, f"the {self.name} store has no SQL schema"
         return current_version(db, self.name, self.schema)
+
+
+def by_owner(store: Any, erasing: Erasing) -> Erased | None:
+    """An erase hook for a store that erases an owner itself (its ``delete_owner``): its counts."""
+    return None if store is None else Erased(store.delete_owner(erasing.owner))

@@ -54,14 +54,13 @@ def _erase(db: Database | None, erasing: Erasing) -> Erased:
 
 STORE: StoreSpec[Database] = StoreSpec(
     "agents",
+    metadata,
+    MIGRATIONS,
     lives_in="context",
-    schema=SCHEMA,
-    metadata=metadata,
-    migrations=MIGRATIONS,
-    sealed=SEALED,
-    no_statistics=NO_STATISTICS,
-    erase=_erase,
     part_of="context",
+    sealed=SEALED,
+    erase=_erase,
+    no_statistics=NO_STATISTICS,
 )
 
 

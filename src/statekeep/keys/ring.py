@@ -107,10 +107,9 @@ def _erase(ring: KeyRing | None, erasing: Erasing) -> Erased | None:
 
 STORE: StoreSpec[KeyRing] = StoreSpec(
     "keys",
+    metadata,
+    MIGRATIONS,
     lives_in="workflow",
-    schema=SCHEMA,
-    metadata=metadata,
-    migrations=MIGRATIONS,
     no_statistics=NO_STATISTICS,
     erase=_erase,
     enabled=lambda settings: settings.keys != "none",

@@ -495,11 +495,7 @@ class MemoryStore(MemoryBackend):
                 seen = {h.memory.id for h in near}
                 near = [*near, *(h for h in more if h.memory.id not in seen)]
         openers: set[str] = set()
-        if (
-            "opener" in self.fusion.stages
-            and self.fusion.opener_weight > 0
-            and Capability.OPENERS in self.capabilities
-        ):
+        if "opener" in self.fusion.stages and self.fusion.opener_weight > 0:  # _openers asks the capability
             openers = self._openers(owner, list({h.memory.id: h.memory for h in (*near, *text)}.values()))
         return fuse_scores(near, text, k, self.fusion, period, query, openers)
 

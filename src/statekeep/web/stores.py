@@ -48,7 +48,7 @@ class Stores:
 
         workflow_db = open_sql(settings, "workflow")
         # payloads are sealed with their owner's key; the ring shares the database it is declared in
-        keys = open_key_ring(settings, {"workflow": workflow_db}.get(declaration("keys").lives_in or ""))
+        keys = open_key_ring(settings, workflow_db if declaration("keys").lives_in == "workflow" else None)
         workflow = SQLWorkflowStore(workflow_db, keys=keys)
         working_db = find_sql(settings, "working")
         working = None if working_db is None else SQLWorkingStateStore(working_db, keys=keys)

@@ -231,10 +231,7 @@ class WorkflowStore(ABC):
 
     def journal(self, run_id: str, start: int, size: int) -> list[StepRecord]:
         """Journal entries ``start <= seq < start + size`` of a run, in order."""
-        check_run_id(run_id)
-        start = check_int(start, "start", maximum=MAX_SEQ)
-        last = min(start + check_int(size, "size", maximum=MAX_SEQ) - 1, MAX_SEQ)
-        return self._journal(run_id, start, last)
+        return self._journal(*_seq_range(run_id, start, size))
 
     def tool_calls(self, run_id: str) -> list[LedgerEntry]:
         """Every ledger entry of a run, in order."""
@@ -247,9 +244,7 @@ class WorkflowStore(ABC):
 
     def replay(self, run_id: str, start: int, size: int) -> list[ReplayEntry]:
         """What replay needs of entries ``start <= seq < start + size``, checked as :meth:`journal`."""
-        check_run_id(run_id)
-        start = check_int(start, "start", maximum=MAX_SEQ)
-        return self._replay(run_id, start, min(start + check_int(size, "size", maximum=MAX_SEQ) - 1, MAX_SEQ))
+        return self._replay(*_seq_range(run_id, start, size))
 
     def steps(self, run_id: str) -> list[StepRecord]:
         """Every journal entry of a run, in order."""
@@ -476,12 +471,12 @@ class WorkflowStore(ABC):
     def _decide(self, approval_id: str, decision: Decision) -> Approval:
         """Record ``decision`` on the pending approval (or record it expired) and wake the run.
 
-        Returns the approval as written; the base raises when it is expired.
+        Returns the approval as written, or as it is when it had expired before (nothing is
+        written, no run woken); the base raises for an expired one.
 
         Raises:
             ApprovalNotFoundError: no such approval.
             ApprovalDecidedError: it was already decided or withdrawn.
-            ApprovalExpiredError: it had expired before (nothing is written).
         """
 
     @abstractmethod
@@ -541,3 +536,9 @@ class Decision:
 
 
 __all__ = ["Decision", "RunFilter", "Wanted", "WorkflowStore"]
+
+
+def _seq_range(run_id: str, start: int, size: int) -> tuple[str, int, int]:
+    """``(run_id, start, last)`` of the journal positions ``start <= seq < start + size``, checked."""
+    start = check_int(start, "start", maximum=MAX_SEQ)
+    return check_run_id(run_id), start, min(start + check_int(size, "size", maximum=MAX_SEQ) - 1, MAX_SEQ)

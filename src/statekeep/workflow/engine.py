@@ -148,14 +148,14 @@ class Engine:
             RunNotFoundError: no run has this id (never a silent new run).
             WorkflowVersionError: the run's version is neither registered nor migratable.
         """
-        return self._take_and_execute(self.store.get(check_run_id(run_id)))
+        return self._take_and_execute(self.store.get(run_id))
 
     def retry(self, run_id: str) -> Run:
         """Make a failed run runnable again, from its last completed step (see :meth:`WorkflowStore.retry`).
 
         It is not executed here: :meth:`resume` it, or a worker will.
         """
-        return self.store.retry(check_run_id(run_id))
+        return self.store.retry(run_id)
 
     def fork(
         self,
@@ -177,7 +177,7 @@ class Engine:
             RunNotFoundError: no such source run.
             RunConflictError: ``new_id`` is taken by another run.
         """
-        source = self.store.get(check_run_id(run_id))
+        source = self.store.get(run_id)
         check_run_id(new_id)
         stored = source.input if isinstance(source.input, dict) else {}
         payload = {

@@ -24,7 +24,6 @@ from typing import Any
 
 from statekeep.errors import (
     ApprovalDecidedError,
-    ApprovalExpiredError,
     InvalidInputError,
     RunConflictError,
     RunFinishedError,
@@ -212,7 +211,7 @@ class InMemoryWorkflowStore(WorkflowStore):
             return run_record(row) if taken or row.status.finished else None
 
     def _claim(self, owner: str, lease: float, limit: int, workflows: list[tuple[str, int]]) -> list[Run]:
-        pairs = set(workflows)
+        pairs = set(workflows)  # a set for the membership test below (the base gave them distinct)
         with self._lock:
             stamp = now()
             due = [
@@ -293,8 +292,8 @@ class InMemoryWorkflowStore(WorkflowStore):
     def _decide(self, approval_id: str, decision: Decision) -> Approval:
         with self._lock:
             current = self._tables.approval(approval_id)
-            if current.status == "expired":  # by an earlier attempt, or a worker's resume
-                raise ApprovalExpiredError(approval_id, current.action, "expired before a decision")
+            if current.status == "expired":  # by an earlier attempt, or a worker's resume: the base raises
+                return approval_record(current)
             if current.status != "pending":
                 raise ApprovalDecidedError(approval_id, current.status)
             stamp = now()

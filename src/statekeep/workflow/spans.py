@@ -27,7 +27,7 @@ try:
     from opentelemetry.trace import Status, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # pragma: no cover - the API is a dependency; a trimmed install may lack it
-    pass  # every use below is behind ``tracing.api() is None``
+    pass  # every use below is behind ``not tracing.enabled()``
 
 worker_log = logging.getLogger("statekeep.worker")
 step_log = logging.getLogger("statekeep.workflow")
@@ -50,7 +50,7 @@ class RunStart:
     def __init__(self, workflow: str, run_id: str) -> None:
         self.carrier: str | None = None
         self._span: Any = None
-        if tracing.api() is None:
+        if not tracing.enabled():
             return
         self._span = tracing.tracer().start_span(
             f"run.start {workflow}", attributes={RUN_ID: run_id, WORKFLOW: workflow}
@@ -58,7 +58,7 @@ class RunStart:
         if not self._span.get_span_context().is_valid:
             return  # no SDK: nothing to continue
         carrier: dict[str, str] = {}
-        TraceContextTextMapPropagator().inject(carrier, tracing.api().set_span_in_context(self._span))
+        TraceContextTextMapPropagator().inject(carrier, tracing.trace.set_span_in_context(self._span))
         self.carrier = json.dumps(carrier, sort_keys=True)
 
     def stored(self, run: Run) -> None:
@@ -70,7 +70,7 @@ class RunStart:
 def _parent(run: Run) -> Any:
     """The OpenTelemetry context a run's attempts continue: the one stored with it, else the current one."""
     stored = getattr(run, "trace_context", None)
-    if tracing.api() is None or not stored:
+    if not tracing.enabled() or not stored:
         return None
     try:
         carrier = json.loads(stored)
@@ -96,7 +96,7 @@ class Attempt:
         if status == "completed":
             worker_log.info("run completed", extra=extra)
         elif status == "failed":
-            if tracing.api() is not None:
+            if tracing.enabled():
                 self.span.set_status(Status(StatusCode.ERROR, result.error or "failed"))
             worker_log.warning("run failed", extra={**extra, "error": result.error})
         elif status == "cancelled":
@@ -130,7 +130,7 @@ def run_attempt(run: Run, worker: str) -> Iterator[Attempt]:
         "statekeep.run.epoch": run.epoch,
         WORKER: worker,
     }
-    if tracing.api() is None:
+    if not tracing.enabled():
         yield Attempt(run, worker, tracing.NO_SPAN)
         return
     parent = _parent(run)
@@ -196,8 +196,8 @@ def step(run: Run, name: str, seq: int) -> Iterator[Any]:
 def retrying(run: Run, name: str, seq: int, attempt: int, error: BaseException, delay: float) -> None:
     """A step attempt failed and will be tried again after ``delay`` seconds."""
     tracing.note("statekeep.step.retries", attempt)
-    if tracing.api() is not None:
-        tracing.api().get_current_span().add_event(
+    if tracing.enabled():
+        tracing.trace.get_current_span().add_event(
             "retry", {"statekeep.step.attempt": attempt, "exception.message": repr(error), "delay_s": delay}
         )
     step_log.warning(
@@ -230,7 +230,7 @@ def tool_call(run: Run, tool: str, seq: int, key: str) -> Iterator[Any]:
 
 def approval_waited(approval: Approval) -> None:
     """The wait for a person, from the approval's creation to its decision, seen by the run."""
-    if tracing.api() is None or approval.decided_at is None:
+    if not tracing.enabled() or approval.decided_at is None:
         return
     attributes = tracing.clean(
         {
@@ -249,7 +249,7 @@ def approval_waited(approval: Approval) -> None:
 
 def approval_decided(approval: Approval, run: Run | None, via: str) -> None:
     """A person's decision, made here (``via``: console, cli...), as a span of the run's trace."""
-    if tracing.api() is None:
+    if not tracing.enabled():
         return
     parent = None if run is None else _parent(run)
     attributes = tracing.clean(

@@ -16,7 +16,6 @@ from sqlalchemy.engine import Connection
 from statekeep.db import Database
 from statekeep.errors import (
     ApprovalDecidedError,
-    ApprovalExpiredError,
     ApprovalNotFoundError,
     RunFinishedError,
     RunNotFoundError,
@@ -92,8 +91,8 @@ def decide(db: Database, sealer: Sealer, approval_id: str, decision: Decision) -
             values.update(decided_by=decision.by, comment=comment, result=seal(keys, owner, decision.result))
         q = approvals.update().where(approvals.c.approval_id == approval_id, approvals.c.status == "pending")
         if conn.execute(q.values(values)).rowcount != 1:
-            if current.status == "expired":  # by an earlier attempt, or a worker's resume
-                raise ApprovalExpiredError(approval_id, current.action, "expired before a decision")
+            if current.status == "expired":  # by an earlier attempt, or a worker's resume: the base raises
+                return current
             raise ApprovalDecidedError(approval_id, current.status)
         wake(conn, current.run_id, _WAITS_ON_PERSON)
         return approval(conn, approval_id, keys)

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from statekeep.db import Database, Migration
-from statekeep.db.catalog import Erased, Erasing, StoreSpec
+from statekeep.db.catalog import StoreSpec, by_owner
 from statekeep.db.dialects import no_statistics, schema_for
 from statekeep.db.migrations import create_tables
 from statekeep.db.types import UTCDateTime
@@ -207,20 +207,8 @@ MIGRATIONS = [
 ]
 
 
-def _erase(store: WorkflowStore | None, erasing: Erasing) -> Erased | None:
-    """The owner's runs, with their journal, ledger, approvals and events."""
-    return None if store is None else Erased(store.delete_owner(erasing.owner))
-
-
 STORE: StoreSpec[WorkflowStore] = StoreSpec(
-    "workflow",
-    lives_in="workflow",
-    schema=SCHEMA,
-    metadata=metadata,
-    migrations=MIGRATIONS,
-    sealed=SEALED,
-    no_statistics=NO_STATISTICS,
-    erase=_erase,
+    "workflow", metadata, MIGRATIONS, sealed=SEALED, no_statistics=NO_STATISTICS, erase=by_owner
 )
 
 

@@ -64,14 +64,7 @@ def _erase(store: WorkingStateStore | None, erasing: Erasing) -> Erased:
 
 
 STORE: StoreSpec[WorkingStateStore] = StoreSpec(
-    "working",
-    lives_in="working",
-    schema=SCHEMA,
-    metadata=metadata,
-    migrations=MIGRATIONS,
-    sealed=SEALED,
-    no_statistics=NO_STATISTICS,
-    erase=_erase,
+    "working", metadata, MIGRATIONS, sealed=SEALED, no_statistics=NO_STATISTICS, erase=_erase
 )
 
 

@@ -141,13 +141,7 @@ def _erase(db: Database | None, erasing: Erasing) -> Erased | None:
 #: The saver's declaration: its tables live with the workflow store's; an owner's threads are
 #: those written with the owner in their config (``StatekeepSaver(owner_key=...)``).
 STORE: StoreSpec[Database] = StoreSpec(
-    "langgraph",
-    lives_in="workflow",
-    schema=SCHEMA,
-    metadata=metadata,
-    migrations=MIGRATIONS,
-    no_statistics=PRIVATE,
-    erase=_erase,
+    "langgraph", metadata, MIGRATIONS, lives_in="workflow", no_statistics=PRIVATE, erase=_erase
 )
 
 

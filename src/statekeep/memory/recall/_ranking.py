@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from statekeep._check import MAX_INT, check_int, check_number
@@ -99,10 +99,8 @@ class Fusion:
     #: The stages of :data:`STAGES` left out, by name (``("time",)``: no period read from the query).
     without: tuple[str, ...] = ()
 
-    @property
-    def stages(self) -> tuple[str, ...]:
-        """The names of the stages hybrid search runs, in order: :data:`STAGES` less ``without``."""
-        return tuple(name for name in STAGES if name not in self.without)
+    #: The names of the stages hybrid search runs, in order: :data:`STAGES` less ``without``.
+    stages: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """Raises InvalidInputError for a knob out of range (a pivot of 0 would divide by zero at search)
@@ -114,6 +112,7 @@ class Fusion:
         if not all(isinstance(n, str) and n in STAGES for n in names):
             raise InvalidInputError(f"must name stages of {list(STAGES)}", field="without")
         object.__setattr__(self, "without", tuple(n for n in STAGES if n in names))
+        object.__setattr__(self, "stages", tuple(n for n in STAGES if n not in names))
         ints = {"pool": (1, MAX_POOL), "context_span": (0, MAX_POOL), "length_pivot": (1, MAX_INT)}
         for name, (low, high) in ints.items():
             object.__setattr__(self, name, check_int(getattr(self, name), name, minimum=low, maximum=high))
@@ -182,7 +181,6 @@ class Scoring:
     """What every stage of hybrid search reads: the candidates, both rankings, the query and its knobs."""
 
     memories: dict[str, Memory]
-    vector: dict[str, float]  # the vector ranking's scores, normalised (:func:`normalized`)
     text: dict[str, float]  # the full-text ranking's, normalised
     fusion: Fusion
     window: tuple[datetime, datetime] | None
@@ -276,7 +274,7 @@ def fuse_scores(
     """
     memories = {h.memory.id: h.memory for h in (*text, *vector)}
     v = normalized(vector)
-    scoring = Scoring(memories, v, normalized(text), fusion, window, query, openers)
+    scoring = Scoring(memories, normalized(text), fusion, window, query, openers)
     fused = {i: v.get(i, 0.0) for i in memories}
     for name in fusion.stages:
         fused = STAGES[name](fused, scoring)
